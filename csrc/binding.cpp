@@ -1,0 +1,20 @@
+// The op schemas. Kernels register themselves per dispatch key in the .cu files;
+// the CPU, Meta and autograd pieces are registered from vga_linear/ops.py.
+#include <Python.h>
+#include <torch/csrc/stable/library.h>
+
+STABLE_TORCH_LIBRARY(vga, m) {
+  m.def("gather_concat_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  m.def("gather_concat_linear_grad_x(Tensor grad_out, Tensor weight, int num_shards) -> Tensor");
+  m.def("gather_concat_linear_grad_weight(Tensor grad_out, Tensor x) -> Tensor");
+  // Private: run one named kernel family (tests, benchmarks), and name the one auto-dispatch picks.
+  m.def("_gather_concat_linear_family(Tensor x, Tensor weight, Tensor? bias, str family) -> Tensor");
+  m.def("_gather_concat_linear_choice(Tensor x, Tensor weight, Tensor? bias) -> str");
+}
+
+// `import vga_linear._C` loads this library (and so runs the registrations above);
+// the module itself is empty, which keeps it within the limited (abi3) Python API.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}

@@ -1,0 +1,177 @@
+// CUDA entry points of the forward op: argument checks, the ForwardProblem, the
+// choice of a kernel family, and the launch on the current stream. The kernels
+// live in kernels/, one header per family.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+
+#include <string>
+
+#include "kernels/generic_gemm.cuh"
+#include "launch_context.h"
+
+namespace vga {
+namespace {
+
+struct Family {
+  const char* name;
+  const char* (*refusal)(const ForwardProblem&);
+  void (*forward)(const ForwardProblem&, cudaStream_t);
+};
+
+// In preference order; generic, which accepts everything, comes last.
+constexpr Family kFamilies[] = {
+    {"generic", generic_refusal, generic_forward},
+};
+constexpr size_t kGenericIndex = sizeof(kFamilies) / sizeof(kFamilies[0]) - 1;
+
+std::string shape_of(const Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+// The same rules, in the same words, as vga_linear/ops.py's check_forward_args.
+void check_forward_args(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias) {
+  STD_TORCH_CHECK(x.dim() == 3 || x.dim() == 4,
+                  "gather_concat_linear: x must be (R, *batch, H) with one or two batch dims "
+                  "(3 or 4 dims), got shape ",
+                  shape_of(x));
+  STD_TORCH_CHECK(weight.dim() == 2, "gather_concat_linear: weight must be 2-D (K, R*H), got shape ",
+                  shape_of(weight));
+  const int64_t R = x.size(0);
+  const int64_t H = x.size(-1);
+  STD_TORCH_CHECK(weight.size(1) == R * H, "gather_concat_linear: weight.shape[1] must equal R*H = ",
+                  R, "*", H, " = ", R * H, ", got weight shape ", shape_of(weight));
+  if (bias.has_value()) {
+    STD_TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0),
+                    "gather_concat_linear: bias must have shape (K,) = (", weight.size(0),
+                    ",), got ", shape_of(*bias));
+  }
+  const ScalarType dtype = x.scalar_type();
+  STD_TORCH_CHECK(kernel_dtype(dtype).has_value(), "gather_concat_linear: x has dtype ",
+                  dtype_name(dtype),
+                  "; supported dtypes are float32, float16, bfloat16 and float64");
+  STD_TORCH_CHECK(weight.scalar_type() == dtype,
+                  "gather_concat_linear: x, weight and bias must share one dtype, got x ",
+                  dtype_name(dtype), " and weight ", dtype_name(weight.scalar_type()));
+  if (bias.has_value()) {
+    STD_TORCH_CHECK(bias->scalar_type() == dtype,
+                    "gather_concat_linear: x, weight and bias must share one dtype, got x ",
+                    dtype_name(dtype), " and bias ", dtype_name(bias->scalar_type()));
+  }
+  const std::string x_device = device_name(x);
+  STD_TORCH_CHECK(x.is_cuda() && weight.is_cuda() && device_name(weight) == x_device,
+                  "gather_concat_linear: weight is on ", device_name(weight), " but x is on ",
+                  x_device, "; all tensors must be on one device");
+  if (bias.has_value()) {
+    STD_TORCH_CHECK(bias->is_cuda() && device_name(*bias) == x_device,
+                    "gather_concat_linear: bias is on ", device_name(*bias), " but x is on ",
+                    x_device, "; all tensors must be on one device");
+  }
+  STD_TORCH_CHECK(H <= 1 || x.stride(-1) == 1,
+                  "gather_concat_linear: x's last dim must have stride 1, got stride ",
+                  x.stride(-1), "; pass x.contiguous() or a view whose rows are contiguous");
+}
+
+ForwardProblem describe_forward(const Tensor& x, const Tensor& weight,
+                                const std::optional<Tensor>& bias, void* out) {
+  const bool two_batch_dims = x.dim() == 4;
+  const DeviceTraits& traits = device_traits(x.get_device_index());
+  ForwardProblem p{};
+  p.x = x.const_data_ptr();
+  p.weight = weight.const_data_ptr();
+  p.bias = bias.has_value() ? bias->const_data_ptr() : nullptr;
+  p.out = out;
+  p.num_shards = x.size(0);
+  p.batch_outer = x.size(1);
+  p.batch_inner = two_batch_dims ? x.size(2) : 1;
+  p.shard_width = x.size(-1);
+  p.out_features = weight.size(0);
+  p.x_stride_shard = x.stride(0);
+  p.x_stride_outer = x.stride(1);
+  p.x_stride_inner = two_batch_dims ? x.stride(2) : 0;
+  p.weight_stride_out = weight.stride(0);
+  p.weight_stride_in = weight.stride(1);
+  p.bias_stride = bias.has_value() ? bias->stride(0) : 0;
+  p.dtype = *kernel_dtype(x.scalar_type());
+  p.sm_count = traits.sm_count;
+  p.cc_major = traits.cc_major;
+  p.cc_minor = traits.cc_minor;
+  return p;
+}
+
+// Only the generic family handles an empty reduction (R*H == 0: the output is the bias).
+const char* refusal_of(const Family& family, const ForwardProblem& p) {
+  if (p.reduction() == 0 && &family != &kFamilies[kGenericIndex]) return "empty reduction (R*H == 0)";
+  return family.refusal(p);
+}
+
+// The dispatch rule (benchmarks/NOTES.md says where each threshold comes from):
+// the first family in preference order that accepts the problem.
+const Family& choose_family(const ForwardProblem& p) {
+  for (const Family& family : kFamilies) {
+    if (refusal_of(family, p) == nullptr) return family;
+  }
+  STD_TORCH_CHECK(false, "gather_concat_linear: no kernel family accepts this input (generic: ",
+                  generic_refusal(p), ")");
+}
+
+const Family& family_named(const std::string& name) {
+  for (const Family& family : kFamilies) {
+    if (name == family.name) return family;
+  }
+  std::string known;
+  for (const Family& family : kFamilies) known += std::string(known.empty() ? "" : ", ") + family.name;
+  STD_TORCH_CHECK(false, "gather_concat_linear: unknown kernel family '", name, "'; known: ", known);
+}
+
+Tensor run_forward(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
+                   const Family* forced) {
+  check_forward_args(x, weight, bias);
+  const int32_t device_index = x.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device_index);
+  // (*batch, K): x's batch dims, then K.
+  std::array<int64_t, 3> out_sizes{};
+  const size_t out_dims = static_cast<size_t>(x.dim() - 1);
+  for (size_t d = 0; d + 1 < out_dims; ++d) out_sizes[d] = x.size(static_cast<int64_t>(d) + 1);
+  out_sizes[out_dims - 1] = weight.size(0);
+  Tensor out = empty_cuda_like(x, out_sizes, out_dims, device_index);
+  if (out.numel() == 0) return out;
+  const ForwardProblem p = describe_forward(x, weight, bias, out.mutable_data_ptr());
+  const Family& family = forced != nullptr ? *forced : choose_family(p);
+  if (forced != nullptr) {
+    const char* why = refusal_of(family, p);
+    STD_TORCH_CHECK(why == nullptr, "gather_concat_linear: kernel family '", family.name,
+                    "' refuses this input: ", why);
+  }
+  family.forward(p, current_stream(device_index));
+  check_launch(family.name);
+  return out;
+}
+
+Tensor gather_concat_linear_cuda(Tensor x, Tensor weight, std::optional<Tensor> bias) {
+  return run_forward(x, weight, bias, nullptr);
+}
+
+// Tests and benchmarks force one family; it must accept the input or say why not.
+Tensor gather_concat_linear_family_cuda(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                        std::string family) {
+  return run_forward(x, weight, bias, &family_named(family));
+}
+
+// The family the dispatcher would pick for these inputs ("" for an empty output).
+std::string gather_concat_linear_choice_cuda(Tensor x, Tensor weight, std::optional<Tensor> bias) {
+  check_forward_args(x, weight, bias);
+  const int64_t rows = x.size(1) * (x.dim() == 4 ? x.size(2) : 1);
+  if (rows == 0 || weight.size(0) == 0) return "";
+  return choose_family(describe_forward(x, weight, bias, nullptr)).name;
+}
+
+}  // namespace
+}  // namespace vga
+
+STABLE_TORCH_LIBRARY_IMPL(vga, CUDA, m) {
+  m.impl("gather_concat_linear", TORCH_BOX(&vga::gather_concat_linear_cuda));
+  m.impl("_gather_concat_linear_family", TORCH_BOX(&vga::gather_concat_linear_family_cuda));
+  m.impl("_gather_concat_linear_choice", TORCH_BOX(&vga::gather_concat_linear_choice_cuda));
+}

@@ -1,0 +1,55 @@
+// The forward problem every kernel family receives: a description of
+// y[m, n] = sum_{r,h} x[r, m, h] * W[n, r*H + h] + bias[n]  (m = flattened batch row)
+// with all strides in elements. Host code fills it from the checked tensors; the
+// families never see torch types, so each one can be read (and tested) on its own.
+#pragma once
+
+#include <cstdint>
+
+namespace vga {
+
+enum class DType : int { kFloat32, kFloat16, kBFloat16, kFloat64 };
+
+inline int dtype_size(DType t) {
+  switch (t) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+  }
+  return 0;
+}
+
+struct ForwardProblem {
+  const void* x;       // (R, B_outer, B_inner, H), last stride 1
+  const void* weight;  // (K, R*H)
+  const void* bias;    // (K,) or nullptr
+  void* out;           // (B_outer * B_inner, K), contiguous
+
+  int64_t num_shards;    // R
+  int64_t batch_outer;   // first batch dim (the only one when x is 3-D)
+  int64_t batch_inner;   // second batch dim, 1 when x is 3-D
+  int64_t shard_width;   // H
+  int64_t out_features;  // K
+
+  int64_t x_stride_shard;
+  int64_t x_stride_outer;
+  int64_t x_stride_inner;
+  int64_t weight_stride_out;  // stride of W's K dim
+  int64_t weight_stride_in;   // stride of W's R*H dim
+  int64_t bias_stride;
+
+  DType dtype;  // fp32 is always computed to fp32 accuracy (FFMA or 3xTF32), see README
+
+  int sm_count;
+  int cc_major;
+  int cc_minor;
+
+  int64_t rows() const { return batch_outer * batch_inner; }
+  int64_t reduction() const { return num_shards * shard_width; }
+};
+
+}  // namespace vga

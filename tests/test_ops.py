@@ -1,0 +1,290 @@
+"""The op against the float64 reference: shapes, dtypes, strides, errors, autograd."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import vga_linear
+from conftest import DEVICES
+from utils import DTYPES, TOLERANCE, assert_close_to_float64, make_params, make_x, run_op
+
+SHAPES = [
+    # (R, batch, H, K): the seed, R=1, odd H, K=1, B=1, two batch dims, tails everywhere
+    (4, (12,), 32, 56),
+    (1, (7,), 16, 5),
+    (3, (5,), 13, 9),
+    (2, (9,), 8, 1),
+    (5, (1,), 24, 33),
+    (2, (3, 5), 16, 7),
+    (8, (65,), 72, 130),
+    (3, (2, 1), 1, 3),
+]
+LAYOUTS = ["contiguous", "sdpa", "padded", "shard_last"]
+
+
+@pytest.fixture(autouse=True)
+def _highest_fp32_precision():
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_float64_reference(device, dtype, shape, bias):
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, device)
+    weight, b = make_params(R, H, K, dtype, device, bias)
+    assert_close_to_float64(run_op(x, weight, b), x, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_strided_views_need_no_copy(device, layout, dtype):
+    x = make_x(4, (3, 10), 16, dtype, device, layout)
+    weight, b = make_params(4, 16, 24, dtype, device)
+    assert_close_to_float64(run_op(x, weight, b), x, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_weight_and_bias(device):
+    x = make_x(3, (6,), 8, torch.float32, device)
+    weight = torch.randn(40, 24, device=device)[::2]  # (20, 24), row stride 48
+    b = torch.randn(40, device=device)[::2]
+    assert_close_to_float64(run_op(x, weight, b), x, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("empty", ["batch", "K", "R", "H"])
+def test_empty_dims(device, empty):
+    R, B, H, K = 2, 3, 4, 5
+    R, B, H, K = [0 if name == empty else v for name, v in zip(["R", "batch", "H", "K"], [R, B, H, K])]
+    x = torch.randn(R, B, H, device=device)
+    weight, b = make_params(R, H, K, torch.float32, device)
+    out = run_op(x, weight, b)
+    assert out.shape == (B, K)
+    # With an empty reduction (R*H == 0) the output is the bias, broadcast.
+    assert_close_to_float64(out, x, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_and_inf_propagate_like_linear(device):
+    x = make_x(2, (4,), 8, torch.float32, device)
+    weight, b = make_params(2, 8, 6, torch.float32, device)
+    x[1, 2, 3] = float("nan")
+    weight[4, 1] = float("inf")
+    out = run_op(x, weight, b)
+    ref = vga_linear.reference.gather_concat_linear_reference(x, weight, b)
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.isinf(), ref.isinf())
+    finite = ref.isfinite()
+    torch.testing.assert_close(out[finite], ref[finite], atol=1e-4, rtol=1e-4)
+
+
+# -- bad input: a RuntimeError that names the argument, on every device -------------
+
+
+def _bad_inputs(device):
+    x = torch.randn(2, 3, 4, device=device)
+    w = torch.randn(5, 8, device=device)
+    b = torch.randn(5, device=device)
+    other = "cpu" if device != "cpu" else "meta"
+    return [
+        ("x must be \\(R, \\*batch, H\\)", (torch.randn(3, 4, device=device), w, b)),
+        ("x must be \\(R, \\*batch, H\\)", (torch.randn(2, 1, 1, 3, 4, device=device), w, b)),
+        ("weight must be 2-D", (x, torch.randn(5, 8, 1, device=device), b)),
+        ("weight.shape\\[1\\] must equal R\\*H = 2\\*4 = 8", (x, torch.randn(5, 9, device=device), b)),
+        ("bias must have shape \\(K,\\) = \\(5,\\)", (x, w, torch.randn(6, device=device))),
+        ("bias must have shape \\(K,\\) = \\(5,\\)", (x, w, torch.randn(5, 1, device=device))),
+        ("must share one dtype, got x float32 and weight float16", (x, w.half(), b)),
+        ("must share one dtype, got x float32 and bias float64", (x, w, b.double())),
+        ("x has dtype int64; supported dtypes are", (x.long(), w.long(), b.long())),
+        ("weight is on .* but x is on", (x, w.to(other), b)),
+        ("bias is on .* but x is on", (x, w, b.to(other))),
+        ("x's last dim must have stride 1, got stride 2", (torch.randn(2, 3, 8, device=device)[..., ::2], w, b)),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_names_the_argument(device):
+    for pattern, args in _bad_inputs(device):
+        with pytest.raises(RuntimeError, match=pattern):
+            torch.ops.vga.gather_concat_linear(*args)
+
+
+# -- hypothesis: random shapes, strides and dtypes ----------------------------------
+
+
+@st.composite
+def problems(draw):
+    R = draw(st.integers(1, 9))
+    two_batch = draw(st.booleans())
+    batch = (draw(st.integers(1, 40)),) + ((draw(st.integers(1, 5)),) if two_batch else ())
+    H = draw(st.one_of(st.integers(1, 40), st.sampled_from([8, 16, 64, 128, 136])))
+    K = draw(st.integers(1, 150))
+    layout = draw(st.sampled_from(LAYOUTS))
+    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+    bias = draw(st.booleans())
+    seed = draw(st.integers(0, 2**31 - 1))
+    return R, batch, H, K, layout, dtype, bias, seed
+
+
+def _check_problem(problem, device):
+    R, batch, H, K, layout, dtype, bias, seed = problem
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = make_x(R, batch, H, dtype, device, layout, generator=g)
+    weight, b = make_params(R, H, K, dtype, device, bias, generator=g)
+    assert_close_to_float64(run_op(x, weight, b), x, weight, b)
+
+
+@given(problems())
+def test_hypothesis_cpu(problem):
+    _check_problem(problem, "cpu")
+
+
+@pytest.mark.cuda
+@given(problems())
+def test_hypothesis_cuda(problem):
+    _check_problem(problem, "cuda")
+
+
+# -- opcheck and autograd -------------------------------------------------------------
+
+
+def _opcheck_samples(device):
+    for requires_grad in (False, True):
+        for dtype in (torch.float32, torch.float64):
+            x = make_x(3, (4,), 8, dtype, device).requires_grad_(requires_grad)
+            w, b = make_params(3, 8, 5, dtype, device)
+            yield (x, w.requires_grad_(requires_grad), b.requires_grad_(requires_grad))
+            yield (x, w, None)
+            x4 = make_x(2, (3, 2), 8, dtype, device, "sdpa").detach().requires_grad_(requires_grad)
+            yield (x4, make_params(2, 8, 3, dtype, device, False)[0], None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for args in _opcheck_samples(device):
+        torch.library.opcheck(torch.ops.vga.gather_concat_linear.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_backward_ops(device):
+    grad_out = torch.randn(4, 5, device=device, dtype=torch.float64)
+    weight = torch.randn(5, 3 * 8, device=device, dtype=torch.float64)
+    x = torch.randn(3, 4, 8, device=device, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.vga.gather_concat_linear_grad_x.default, (grad_out, weight, 3))
+    torch.library.opcheck(torch.ops.vga.gather_concat_linear_grad_weight.default, (grad_out, x))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("two_batch", [False, True])
+def test_gradcheck_float64_cpu(bias, two_batch):
+    batch = (3, 2) if two_batch else (4,)
+    x = make_x(3, batch, 5, torch.float64, "cpu", "sdpa" if two_batch else "contiguous")
+    w, b = make_params(3, 5, 4, torch.float64, "cpu", bias)
+    inputs = [t.detach().requires_grad_() for t in (x, w, b) if t is not None]
+    fn = (lambda x, w, b: vga_linear.gather_concat_linear(x, w, b)) if bias else (
+        lambda x, w: vga_linear.gather_concat_linear(x, w))
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("needs", ["all", "x", "weight", "bias", "x_bias"])
+@pytest.mark.parametrize("layout", ["contiguous", "sdpa"])
+def test_gradients_match_reference(device, dtype, needs, layout):
+    R, batch, H, K = 3, (5, 2), 12, 7
+    x = make_x(R, batch, H, dtype, device, layout).detach()
+    w, b = make_params(R, H, K, dtype, device)
+    grads_wanted = {"x": needs in ("all", "x", "x_bias"), "w": needs in ("all", "weight"),
+                    "b": needs in ("all", "bias", "x_bias")}
+    x.requires_grad_(grads_wanted["x"])
+    w.requires_grad_(grads_wanted["w"])
+    b.requires_grad_(grads_wanted["b"])
+    grad_out = torch.randn((*batch, K), dtype=dtype, device=device)
+    vga_linear.gather_concat_linear(x, w, b).backward(grad_out)
+
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    vga_linear.reference.gather_concat_linear_reference(x64, w64, b64).backward(grad_out.double())
+    tol = TOLERANCE[dtype] * 4  # reductions over the batch in the input dtype
+    for name, t, ref in (("x", x, x64), ("w", w, w64), ("b", b, b64)):
+        if grads_wanted[name]:
+            assert t.grad is not None and t.grad.dtype == dtype
+            torch.testing.assert_close(t.grad.double(), ref.grad, atol=tol, rtol=tol)
+        else:
+            assert t.grad is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_of_an_expanded_grad_out(device):
+    # .sum() hands the backward a stride-0 grad_out.
+    x = make_x(2, (3,), 4, torch.float64, device).requires_grad_()
+    w, b = make_params(2, 4, 3, torch.float64, device)
+    w.requires_grad_()
+    vga_linear.gather_concat_linear(x, w, b).sum().backward()
+    x64, w64 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    vga_linear.reference.gather_concat_linear_reference(x64, w64, b).sum().backward()
+    torch.testing.assert_close(x.grad, x64.grad)
+    torch.testing.assert_close(w.grad, w64.grad)
+
+
+# -- CUDA only: each kernel family, forced, and 64-bit indexing ----------------------
+
+FAMILIES = ["generic", "skinny", "sm90_gemm"]
+
+
+def _family_refuses(x, w, b, family):
+    try:
+        return run_op(x, w, b, family), None
+    except RuntimeError as exc:
+        message = str(exc)
+        if "unknown kernel family" in message or "refuses this input" in message:
+            return None, message
+        raise
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES + [(8, (64,), 1024, 520), (32, (16,), 128, 300),
+                                            (4, (130,), 136, 200), (2, (300,), 64, 257)], ids=str)
+def test_each_family_is_right_or_refuses(family, dtype, shape):
+    R, batch, H, K = shape
+    for layout in ("contiguous", "sdpa" if len(batch) == 2 else "padded"):
+        x = make_x(R, batch, H, dtype, "cuda", layout)
+        w, b = make_params(R, H, K, dtype, "cuda")
+        out, refusal = _family_refuses(x, w, b, family)
+        if out is None:
+            assert refusal, "a refusal must say why"
+            continue
+        assert_close_to_float64(out, x, w, b)
+
+
+@pytest.mark.cuda
+def test_auto_dispatch_names_an_accepting_family():
+    x = make_x(4, (12,), 32, torch.float32, "cuda")
+    w, b = make_params(4, 32, 56, torch.float32, "cuda")
+    family = torch.ops.vga._gather_concat_linear_choice(x, w, b)
+    assert family in FAMILIES
+    assert_close_to_float64(run_op(x, w, b, family), x, w, b)
+
+
+@pytest.mark.cuda
+def test_more_than_2_pow_31_elements():
+    R, B, H, K = 4, 2**21 + 3, 256, 8  # x holds 2^31 + 3072 bf16 elements
+    torch.manual_seed(0)
+    x = torch.randn(R, B, H, dtype=torch.bfloat16, device="cuda")
+    assert x.numel() > 2**31
+    w, b = make_params(R, H, K, torch.bfloat16, "cuda")
+    out = run_op(x, w, b)
+    rows = torch.cat([torch.arange(0, 64), torch.arange(B - 4096, B)]).cuda()
+    assert_close_to_float64(out[rows], x[:, rows], w, b)
+    assert not out.isnan().any()

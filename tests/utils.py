@@ -1,0 +1,68 @@
+"""Input makers and the accuracy check shared by the tests."""
+
+import torch
+
+from vga_linear.reference import gather_concat_linear_float64
+
+# atol = rtol: KernelBench's tolerances (fp32 at "highest" precision; half types).
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+POISON = float("nan")
+
+
+def make_x(R, batch, H, dtype, device, layout="contiguous", generator=None):
+    """x of shape (R, *batch, H) with fresh random values, laid out as asked.
+
+    layouts: "contiguous"; "sdpa" (a transpose(0, 1) view of a contiguous (b, R, *rest, H)
+    tensor, the layout of attention output); "padded" (rows padded: every stride but
+    the last is larger than dense); "shard_last" (R is the innermost batch-like dim).
+    """
+    shape = (R, *batch, H)
+    if layout == "contiguous":
+        return torch.randn(shape, dtype=dtype, device=device, generator=generator)
+    if layout == "sdpa":
+        base = torch.randn((batch[0], R, *batch[1:], H), dtype=dtype, device=device, generator=generator)
+        return base.transpose(0, 1)
+    if layout == "padded":
+        padded = torch.randn((R + 1, *(b + 1 for b in batch), H + 8), dtype=dtype, device=device,
+                             generator=generator)
+        return padded[(slice(1, R + 1), *(slice(0, b) for b in batch), slice(0, H))]
+    if layout == "shard_last":
+        base = torch.randn((*batch, R, H), dtype=dtype, device=device, generator=generator)
+        return base.movedim(-2, 0)
+    raise ValueError(layout)
+
+
+def make_params(R, H, K, dtype, device, bias=True, generator=None):
+    # Scaled so outputs stay O(1) in every dtype.
+    weight = torch.randn(K, R * H, dtype=dtype, device=device, generator=generator) / max(R * H, 1) ** 0.5
+    b = torch.randn(K, dtype=dtype, device=device, generator=generator) if bias else None
+    return weight, b
+
+
+def assert_close_to_float64(out, x, weight, bias, dtype=None):
+    """out within atol = rtol = TOLERANCE[dtype] of the float64 reference, NaN nowhere unexpected."""
+    dtype = dtype or x.dtype
+    ref = gather_concat_linear_float64(x, weight, bias)
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert out.dtype == dtype
+    assert out.is_contiguous()
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol, equal_nan=True)
+
+
+def poison_next_output(shape, dtype, device):
+    """Leave a NaN-filled block of the output's size in torch's caching allocator, so the
+    op's own output allocation most likely reuses it: an element a kernel fails to write
+    then shows up as NaN instead of as a stale plausible value."""
+    if torch.device(device).type != "cuda":
+        return
+    torch.full(shape, POISON, dtype=dtype, device=device)  # freed at once, cached
+
+
+def run_op(x, weight, bias, family=None):
+    """The op (or one named CUDA kernel family) on a poisoned allocator."""
+    poison_next_output((*x.shape[1:-1], weight.shape[0]), x.dtype, x.device)
+    if family is None:
+        return torch.ops.vga.gather_concat_linear(x, weight, bias)
+    return torch.ops.vga._gather_concat_linear_family(x, weight, bias, family)

@@ -1,0 +1,184 @@
+"""Everything about the ``vga`` ops that is not a CUDA kernel.
+
+``vga_linear._C`` defines the schemas and registers the CUDA kernels. This module
+defines the schemas itself when ``_C`` did not load, and registers, either way:
+
+- the PyTorch reference as the CompositeExplicitAutograd kernel: it serves CPU (and
+  every device without a dedicated kernel, CUDA included when ``_C`` is absent);
+- fake (meta) implementations with ``torch._check`` on every shape relation, so
+  torch.compile traces the ops with static or dynamic shapes;
+- autograd: grad_x and grad_weight are ops of their own (CUDA kernels when ``_C`` is
+  loaded), grad_bias is a column sum.
+
+Argument errors read the same on every device; csrc/gather_concat_linear.cu words them alike.
+"""
+
+import torch
+from torch import Tensor
+
+from . import kernels_loaded
+
+SCHEMAS = {
+    "gather_concat_linear": "(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
+    "gather_concat_linear_grad_x": "(Tensor grad_out, Tensor weight, int num_shards) -> Tensor",
+    "gather_concat_linear_grad_weight": "(Tensor grad_out, Tensor x) -> Tensor",
+}
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_DTYPE_NAMES = "float32, float16, bfloat16 and float64"
+
+_lib = torch.library.Library("vga", "FRAGMENT")
+if not kernels_loaded():
+    for _name, _schema in SCHEMAS.items():
+        _lib.define(_name + _schema)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_forward_args(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """Raise a RuntimeError naming the argument when the inputs break the op's contract."""
+    op = "gather_concat_linear"
+    torch._check(
+        x.dim() in (3, 4),
+        lambda: f"{op}: x must be (R, *batch, H) with one or two batch dims (3 or 4 dims), "
+        f"got shape {list(x.shape)}",
+    )
+    torch._check(
+        weight.dim() == 2, lambda: f"{op}: weight must be 2-D (K, R*H), got shape {list(weight.shape)}"
+    )
+    R, H = x.shape[0], x.shape[-1]
+    torch._check(
+        weight.shape[1] == R * H,
+        lambda: f"{op}: weight.shape[1] must equal R*H = {R}*{H} = {R * H}, "
+        f"got weight shape {list(weight.shape)}",
+    )
+    if bias is not None:
+        torch._check(
+            bias.dim() == 1,
+            lambda: f"{op}: bias must have shape (K,) = ({weight.shape[0]},), got {list(bias.shape)}",
+        )
+        torch._check(
+            bias.shape[0] == weight.shape[0],
+            lambda: f"{op}: bias must have shape (K,) = ({weight.shape[0]},), got {list(bias.shape)}",
+        )
+    torch._check(
+        x.dtype in SUPPORTED_DTYPES,
+        lambda: f"{op}: x has dtype {_dtype_name(x.dtype)}; supported dtypes are {_DTYPE_NAMES}",
+    )
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        torch._check(
+            t.dtype == x.dtype,
+            lambda: f"{op}: x, weight and bias must share one dtype, got x {_dtype_name(x.dtype)} "
+            f"and {name} {_dtype_name(t.dtype)}",
+        )
+        torch._check(
+            t.device == x.device,
+            lambda: f"{op}: {name} is on {t.device} but x is on {x.device}; "
+            "all tensors must be on one device",
+        )
+    torch._check(
+        (H <= 1) | (x.stride(-1) == 1),
+        lambda: f"{op}: x's last dim must have stride 1, got stride {x.stride(-1)}; "
+        "pass x.contiguous() or a view whose rows are contiguous",
+    )
+
+
+def _check_grad_out(grad_out: Tensor, op: str) -> None:
+    torch._check(
+        grad_out.dim() in (2, 3),
+        lambda: f"{op}: grad_out must be (*batch, K) with one or two batch dims, got {grad_out.dim()} dims",
+    )
+
+
+# The reference kernels (CompositeExplicitAutograd: CPU, and any device without its own).
+
+
+def _forward_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    from .reference import gather_concat_linear_reference
+
+    check_forward_args(x, weight, bias)
+    return gather_concat_linear_reference(x, weight, bias).contiguous()
+
+
+def _grad_x_reference(grad_out: Tensor, weight: Tensor, num_shards: int) -> Tensor:
+    _check_grad_out(grad_out, "gather_concat_linear_grad_x")
+    grad_cat = grad_out @ weight  # (*batch, R*H)
+    grad_x = grad_cat.unflatten(-1, (num_shards, -1)).movedim(-2, 0)
+    return grad_x.contiguous()
+
+
+def _grad_weight_reference(grad_out: Tensor, x: Tensor) -> Tensor:
+    _check_grad_out(grad_out, "gather_concat_linear_grad_weight")
+    from .reference import concat_shards
+
+    return grad_out.flatten(0, -2).mT @ concat_shards(x).flatten(0, -2)
+
+
+_lib.impl("gather_concat_linear", _forward_reference, "CompositeExplicitAutograd")
+_lib.impl("gather_concat_linear_grad_x", _grad_x_reference, "CompositeExplicitAutograd")
+_lib.impl("gather_concat_linear_grad_weight", _grad_weight_reference, "CompositeExplicitAutograd")
+
+
+# Fake (meta) kernels: shapes only, every relation stated with torch._check.
+
+
+@torch.library.register_fake("vga::gather_concat_linear")
+def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    check_forward_args(x, weight, bias)
+    return x.new_empty((*x.shape[1:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("vga::gather_concat_linear_grad_x")
+def _grad_x_fake(grad_out: Tensor, weight: Tensor, num_shards: int) -> Tensor:
+    _check_grad_out(grad_out, "gather_concat_linear_grad_x")
+    torch._check(weight.shape[0] == grad_out.shape[-1])
+    torch._check(weight.shape[1] % num_shards == 0)
+    return grad_out.new_empty((num_shards, *grad_out.shape[:-1], weight.shape[1] // num_shards))
+
+
+@torch.library.register_fake("vga::gather_concat_linear_grad_weight")
+def _grad_weight_fake(grad_out: Tensor, x: Tensor) -> Tensor:
+    _check_grad_out(grad_out, "gather_concat_linear_grad_weight")
+    torch._check(x.dim() == grad_out.dim() + 1)
+    for d in range(grad_out.dim() - 1):
+        torch._check(x.shape[d + 1] == grad_out.shape[d])
+    return x.new_empty((grad_out.shape[-1], x.shape[0] * x.shape[-1]))
+
+
+# Autograd.
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.num_shards = x.shape[0]
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad_out):
+    x, weight = ctx.saved_tensors
+    grad_x = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, weight, ctx.num_shards)
+    if ctx.needs_input_grad[1]:
+        grad_weight = torch.ops.vga.gather_concat_linear_grad_weight(grad_out, x)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_bias = grad_out.sum(dim=tuple(range(grad_out.dim() - 1)))
+    return grad_x, grad_weight, grad_bias
+
+
+torch.library.register_autograd(
+    "vga::gather_concat_linear", _backward, setup_context=_setup_context
+)
+
+
+def gather_concat_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(torch.cat(x.unbind(0), -1), weight, bias)`` without materialising the concat.
+
+    x: (R, *batch, H) with one or two batch dims, last dim contiguous (other strides free);
+    weight: (K, R*H); bias: (K,) or None. Returns a contiguous (*batch, K) tensor of x's dtype.
+    """
+    return torch.ops.vga.gather_concat_linear(x, weight, bias)
