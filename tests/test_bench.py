@@ -1,0 +1,306 @@
+"""Tests of the benchmark instrument: metric helpers (benchmarks/metrics.py), the
+shape suites and inputs of benchmarks/bench.py, and a CPU smoke run of bench.py."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_DIR = os.path.join(ROOT, "benchmarks")
+if BENCH_DIR not in sys.path:
+    sys.path.insert(0, BENCH_DIR)
+
+import metrics as M  # noqa: E402
+import bench  # noqa: E402
+
+
+# --------------------------------------------------------------------------- flops / bytes
+
+def test_gemm_flops_seed():
+    # seed: R=4, B=12, H=32, K=56 -> 2 * 12 * 56 * 128
+    assert M.gemm_flops(4, 12, 32, 56) == 2 * 12 * 56 * 128 == 172032
+    assert M.gemm_flops(4, 12, 32, 56, backward=True) == 3 * 172032
+
+
+def test_bytes_moved_forward():
+    R, B, H, K = 4, 12, 32, 56
+    x, w, b, y = R * B * H, K * R * H, K, B * K
+    assert M.bytes_moved(R, B, H, K, 4) == 4 * (x + w + b + y) == 37728
+    assert M.bytes_moved(R, B, H, K, 2, bias=False) == 2 * (x + w + y)
+
+
+def test_bytes_moved_backward():
+    R, B, H, K = 8, 64, 1024, 8192
+    x, w, b, y = R * B * H, K * R * H, K, B * K
+    fwd = x + w + b + y
+    bwd = y + x + w + x + w + b       # read gy, x, W; write gx, gW, gb
+    assert M.bytes_moved(R, B, H, K, 2, backward=True) == 2 * (fwd + bwd)
+
+
+def test_shape_counts_and_two_batch_dims():
+    s = M.parse_shape("32,4x1024,128,4096,bf16,sdpa")
+    assert s.batch == (4, 1024) and s.B == 4096 and s.strided and s.bias
+    assert s.x_shape == (32, 4, 1024, 128)
+    assert M.shape_flops(s) == M.gemm_flops(32, 4096, 128, 4096)
+    assert M.shape_bytes(s) == M.bytes_moved(32, 4096, 128, 4096, 2, True)
+    assert M.shape_bytes(s, backward=True) == M.bytes_moved(32, 4096, 128, 4096, 2, True, True)
+
+
+def test_parse_shape():
+    s = M.parse_shape("2,3,8,5,fp32")
+    assert (s.R, s.batch, s.H, s.K, s.dtype, s.bias, s.strided) == (2, (3,), 8, 5, "fp32", True, False)
+    assert s.name == "custom_2_3_8_5_fp32"
+    assert M.parse_shape("2, 3, 8, 5, bfloat16, nobias").dtype == "bf16"
+    assert not M.parse_shape("2,3,8,5,half,nobias").bias
+    assert M.parse_shape(s.spec()) == s or M.parse_shape(s.spec()).spec() == s.spec()
+    for bad in ["2,3,8,5", "2,3,8,5,int8", "a,3,8,5,fp32", "2,3,8,5,fp32,what", "0,3,8,5,fp32",
+                "2,1x2x3,8,5,fp32"]:
+        with pytest.raises(ValueError):
+            M.parse_shape(bad)
+
+
+def test_dtype_tables():
+    assert M.elem_size("fp32") == 4 and M.elem_size("bf16") == 2 and M.elem_size("half") == 2
+    assert M.tolerance_for("fp32") == 1e-4
+    assert M.tolerance_for("fp16") == 1e-2 and M.tolerance_for("bf16") == 1e-2
+    assert M.torch_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ValueError):
+        M.canon_dtype("int4")
+
+
+# --------------------------------------------------------------------------- roofline
+
+def test_roofline_compute_bound():
+    # tp_gather on an H200-like device: 2*8192*8192*8192 flops at 750 TFLOP/s
+    f = M.gemm_flops(8, 8192, 1024, 8192)
+    nb = M.bytes_moved(8, 8192, 1024, 8192, 2)
+    floor, bound = M.roofline_floor_s(f, nb, 750e12, 4.3e12)
+    assert bound == "compute"
+    assert floor == pytest.approx(f / 750e12)
+    assert M.pct_of_roofline(floor, 2 * floor) == pytest.approx(50.0)
+
+
+def test_roofline_memory_bound():
+    # decode: the weight stream dominates
+    f = M.gemm_flops(32, 16, 128, 4096)
+    nb = M.bytes_moved(32, 16, 128, 4096, 2)
+    floor, bound = M.roofline_floor_s(f, nb, 750e12, 4.3e12)
+    assert bound == "memory"
+    assert floor == pytest.approx(nb / 4.3e12)
+    assert 7e-6 < floor < 9e-6          # ~33.7 MB at 4.3 TB/s
+
+
+def test_roofline_missing_ceilings():
+    assert M.roofline_floor_s(1e9, 1e6, None, 1e9) == (pytest.approx(1e-3), "memory")
+    assert M.roofline_floor_s(1e9, 1e6, 1e12, None) == (pytest.approx(1e-3), "compute")
+    assert M.roofline_floor_s(1e9, 1e6, None, None) == (None, "unknown")
+    assert M.pct_of_roofline(None, 1.0) is None
+    assert M.pct_of_roofline(1.0, 0) is None
+
+
+def test_rates_and_speedup():
+    assert M.tflops(2e12, 2.0) == pytest.approx(1.0)
+    assert M.gbps(4e9, 2.0) == pytest.approx(2.0)
+    assert M.tflops(1.0, 0) is None and M.gbps(1.0, None) is None
+    assert M.speedup(10.0, 5.0) == pytest.approx(2.0)      # candidate twice as fast
+    assert M.speedup(None, 5.0) is None and M.speedup(1.0, 0.0) is None
+    assert M.ratio(3.0, 2.0) == 1.5 and M.ratio(1.0, 0) is None and M.ratio(None, 1) is None
+
+
+def test_time_stats():
+    st = M.time_stats([3.0, 1.0, 2.0, 10.0])
+    assert st["median"] == 2.5 and st["min"] == 1.0 and st["max"] == 10.0 and st["n"] == 4
+    assert st["mean"] == pytest.approx(4.0)
+    assert st["std"] == pytest.approx(math.sqrt(((1 + 9 + 4 + 36)) / 3))
+    assert M.time_stats([5.0])["std"] == 0.0
+    with pytest.raises(ValueError):
+        M.time_stats([])
+
+
+# --------------------------------------------------------------------------- precision
+
+def test_error_stats_exact():
+    r = torch.randn(50, 7, dtype=torch.float64)
+    st = M.error_stats(r.float(), r, 1e-4)
+    assert st["passed"] and st["max_rel"] < 1e-6 and st["tol_ratio"] < 1e-2
+
+
+def test_error_stats_definitions():
+    ref = torch.tensor([0.0, 1.0, -3.0, 100.0], dtype=torch.float64)
+    out = ref + torch.tensor([1e-5, 1e-4, -3e-4, 5e-3], dtype=torch.float64)
+    st = M.error_stats(out, ref, 1e-4)
+    d = torch.tensor([1e-5, 1e-4, 3e-4, 5e-3], dtype=torch.float64)
+    assert st["max_abs"] == pytest.approx(5e-3)
+    assert st["mean_abs"] == pytest.approx(float(d.mean()))
+    # max_rel = max |d| / (|ref| + atol/rtol), atol = rtol = tol -> eps = 1
+    assert st["max_rel"] == pytest.approx(max(1e-5 / 1, 1e-4 / 2, 3e-4 / 4, 5e-3 / 101))
+    assert st["tol_ratio"] == pytest.approx(st["max_rel"] / 1e-4)
+    assert st["passed"]          # every |d| <= 1e-4 + 1e-4 * |ref|
+
+
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-4), ("bf16", 1e-2), ("fp16", 1e-2)])
+def test_error_stats_tolerance_boundary(dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 33, dtype=torch.float64, generator=g) * 10
+    bound = tol + tol * ref.abs()
+    sign = torch.where(torch.rand(ref.shape, generator=g) < 0.5, -1.0, 1.0).double()
+    inside = M.error_stats(ref + 0.5 * bound * sign, ref, M.tolerance_for(dtype))
+    assert inside["passed"] and inside["tol_ratio"] == pytest.approx(0.5)
+    assert inside["max_rel"] <= tol
+    out = ref + 0.5 * bound * sign
+    out[3, 5] = ref[3, 5] + 2 * bound[3, 5]          # one element outside
+    outside = M.error_stats(out, ref, tol)
+    assert not outside["passed"] and outside["tol_ratio"] == pytest.approx(2.0)
+    assert outside["max_rel"] > tol
+
+
+def test_error_stats_nonfinite_and_shape():
+    ref = torch.randn(4, 6, dtype=torch.float64)
+    out = ref.float().clone()
+    out[1, 2] = float("nan")
+    st = M.error_stats(out, ref, 1e-2)
+    assert not st["passed"] and math.isinf(st["max_rel"])
+    # a (B, K) output is compared against a (b, s, K) reference by reshaping
+    ref3 = torch.randn(2, 3, 5, dtype=torch.float64)
+    assert M.error_stats(ref3.reshape(6, 5).float(), ref3, 1e-4)["passed"]
+
+
+def test_merge_error_stats():
+    a = {"max_abs": 1.0, "mean_abs": 0.1, "max_rel": 1e-5, "tol_ratio": 0.1, "passed": True, "tol": 1e-4}
+    b = {"max_abs": 2.0, "mean_abs": 0.3, "max_rel": 3e-5, "tol_ratio": 0.3, "passed": False, "tol": 1e-4}
+    m = M.merge_error_stats([a, b])
+    assert m["max_abs"] == 2.0 and m["max_rel"] == 3e-5 and not m["passed"] and m["n"] == 2
+    assert m["mean_abs"] == pytest.approx(0.2)
+    assert M.merge_error_stats([]) is None
+
+
+def test_formatting():
+    assert M.fmt_us(None) == "-" and M.fmt_us(8.349) == "8.35" and M.fmt_us(128.94) == "128.9"
+    assert M.fmt_us(16520.4) == "16520"
+    assert M.fmt_sig(762.3) == "762" and M.fmt_sig(0.0123) == "0.012" and M.fmt_sig(2e-5) == "2e-05"
+    assert M.fmt_x(1.234) == "1.23" and M.fmt_x(None) == "-"
+    assert M.fmt_bytes(37728) == "37.73 KB" and M.fmt_flops(172032) == "172.03 KF"
+
+
+# --------------------------------------------------------------------------- bench.py pieces
+
+def test_named_suite_matches_issue():
+    want = {
+        "seed": "4,12,32,56,fp32",
+        "decode_oproj": "32,16,128,4096,bf16",
+        "tp_smallbatch": "8,64,1024,8192,bf16",
+        "mid_fp32": "8,1024,256,1024,fp32",
+        "prefill_oproj": "32,4096,128,4096,bf16",
+        "prefill_fp16": "32,2048,128,4096,fp16",
+        "tp_gather": "8,8192,1024,8192,bf16",
+        "sdpa_strided": "32,4x1024,128,4096,bf16,sdpa",
+        "sdpa_contig": "32,4x1024,128,4096,bf16",
+    }
+    got = {s.name: s.spec() for s in bench.suite_shapes("default")}
+    assert got == want
+    assert [s.name for s in bench.suite_shapes("decode_oproj")] == ["decode_oproj"]
+    assert all(s.B * s.K <= 1 << 16 for s in bench.suite_shapes("cpu"))   # tiny on purpose
+    with pytest.raises(SystemExit):
+        bench.suite_shapes("nope")
+
+
+@pytest.mark.parametrize("spec", ["3,5,8,7,fp32", "4,2x6,8,10,fp32,sdpa", "3,5,8,7,fp32,nobias,sdpa"])
+def test_inputs_and_baselines_agree(spec):
+    s = M.parse_shape(spec)
+    inp = bench.make_inputs(s, "cpu", seed=1, requires_grad=False)
+    x = inp["x"]
+    assert tuple(x.shape) == s.x_shape and x.stride(-1) == 1
+    if s.strided:                 # a view of a contiguous (b, R, s, H) tensor: R is not outermost
+        assert not x.is_contiguous()
+        assert x.transpose(0, 1).is_contiguous()
+    assert (inp["b"] is None) == (not s.bias)
+    assert bool((x != 0).any())
+    a_ref = torch.cat([x[i] for i in range(s.R)], -1).reshape(s.B, -1)
+    assert torch.equal(inp["a"], a_ref)
+    y = bench.reference_fn(x, inp["w"], inp["b"])
+    assert tuple(y.shape) == (*s.batch, s.K)
+    torch.testing.assert_close(bench.permute_fn(x, inp["w"], inp["b"]), y)
+    ref = bench.reference64(inp, backward=False)["y"]
+    assert ref.dtype == torch.float64
+    assert M.error_stats(y, ref, 1e-4)["passed"]
+
+
+def test_reference64_backward_grads():
+    s = M.parse_shape("3,2x4,8,5,fp32,sdpa")
+    inp = bench.make_inputs(s, "cpu", seed=2, requires_grad=True)
+    ref = bench.reference64(inp, backward=True)
+    assert set(ref) == {"y", "grad_x", "grad_w", "grad_b"}
+    assert ref["grad_x"].shape == inp["x"].shape
+    torch.testing.assert_close(ref["grad_b"], inp["gy"].double().sum((0, 1)))
+
+
+# --------------------------------------------------------------------------- smoke test
+
+def _run_bench(args, tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, os.path.join(BENCH_DIR, "bench.py"), *args],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_bench_cpu_smoke(tmp_path):
+    out_json = tmp_path / "r.json"
+    out_csv = tmp_path / "r.csv"
+    p = _run_bench(["--device", "cpu", "--shape", "2,3,8,5,fp32", "--json", str(out_json),
+                    "--csv", str(out_csv), "--cpu-budget-s", "0.02"], tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "CPU FALLBACK" in p.stdout
+    assert "med_us" in p.stdout and "x_gemm" in p.stdout and "summary" in p.stdout
+    assert "[1/1]" in p.stderr                     # progress line
+    res = json.loads(out_json.read_text())
+    assert res["meta"]["cpu_fallback"] is True and res["meta"]["device"] == "cpu"
+    assert res["ceilings"]["copy_GBps"] > 0 and res["ceilings"]["gemm_tflops"]["fp32"] > 0
+    (blk,) = res["blocks"]
+    assert blk["shape"]["spec"] == "2,3,8,5,fp32" and blk["mode"] == "fwd"
+    assert blk["flops"] == M.gemm_flops(2, 3, 8, 5) and blk["bytes"] == M.bytes_moved(2, 3, 8, 5, 4)
+    rows = {r["name"]: r for r in blk["rows"]}
+    assert list(rows) == bench.ROW_ORDER
+    for name in ("reference", "permute", "gemm_only"):
+        r = rows[name]
+        assert r["error"] is None, r
+        assert r["time"]["median"] > 0 and r["time"]["n"] >= 5 and r["wall_us"] > 0
+        assert r["precision"]["passed"] and r["precision"]["trials"] == 5
+        assert r["precision"]["max_rel"] <= 1e-4
+        assert r["pct_roofline"] > 0
+    assert rows["reference"]["speedup"]["gemm_only"] > 0
+    assert rows["compile"]["skip"]                 # off by default on CPU
+    v = rows["vga"]
+    if res["meta"]["op"]["available"]:
+        assert v["error"] is None, v
+        assert v["precision"]["passed"] and v["time"]["median"] > 0
+        assert set(v["speedup"]) >= {"reference", "permute", "gemm_only"}
+    else:
+        assert v["skip"]
+    lines = out_csv.read_text().strip().splitlines()
+    assert lines[0].startswith("shape,mode,spec") and len(lines) == 1 + len(bench.ROW_ORDER)
+
+
+def test_bench_cpu_backward_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out_json = tmp_path / "r.json"
+    png = tmp_path / "r.png"
+    p = _run_bench(["--device", "cpu", "--shape", "3,2x2,8,4,bf16,sdpa", "--backward", "--trials", "2",
+                    "--json", str(out_json), "--plot", str(png), "--cpu-budget-s", "0.02"], tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out_json.read_text())
+    assert [b["mode"] for b in res["blocks"]] == ["fwd", "fwd+bwd"]
+    bwd = {r["name"]: r for r in res["blocks"][1]["rows"]}
+    assert set(bwd["reference"]["precision"]["tensors"]) == {"y", "grad_x", "grad_w", "grad_b"}
+    assert bwd["gemm_only"]["precision"]["passed"] and bwd["reference"]["precision"]["passed"]
+    if res["meta"]["op"]["available"]:
+        assert bwd["vga"]["precision"]["passed"], bwd["vga"]
+    assert png.stat().st_size > 1000
+
+
+def test_bench_rejects_bad_shape(tmp_path):
+    p = _run_bench(["--device", "cpu", "--shape", "1,2,3"], tmp_path)
+    assert p.returncode == 2 and "bad --shape" in p.stderr
