@@ -7,6 +7,9 @@
 #include <string>
 
 #include "kernels/generic_gemm.cuh"
+#include "kernels/skinny.cuh"
+#include "kernels/sm90_gemm.cuh"
+#include "kernels/tiny.cuh"
 #include "launch_context.h"
 
 namespace vga {
@@ -20,6 +23,9 @@ struct Family {
 
 // In preference order; generic, which accepts everything, comes last.
 constexpr Family kFamilies[] = {
+    {"tiny", tiny_refusal, tiny_forward},
+    {"skinny", skinny_refusal, skinny_forward},
+    {"sm90_gemm", sm90_gemm_refusal, sm90_gemm_forward},
     {"generic", generic_refusal, generic_forward},
 };
 constexpr size_t kGenericIndex = sizeof(kFamilies) / sizeof(kFamilies[0]) - 1;

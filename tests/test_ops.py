@@ -238,7 +238,7 @@ def test_gradient_of_an_expanded_grad_out(device):
 
 # -- CUDA only: each kernel family, forced, and 64-bit indexing ----------------------
 
-FAMILIES = ["generic", "skinny", "sm90_gemm"]
+FAMILIES = ["tiny", "generic", "skinny", "sm90_gemm"]
 
 
 def _family_refuses(x, w, b, family):
@@ -288,3 +288,22 @@ def test_more_than_2_pow_31_elements():
     rows = torch.cat([torch.arange(0, 64), torch.arange(B - 4096, B)]).cuda()
     assert_close_to_float64(out[rows], x[:, rows], w, b)
     assert not out.isnan().any()
+
+
+# -- the Python entry point's no-autograd fast path ------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_functional_fast_path_keeps_autograd_semantics(device):
+    x = make_x(3, (4,), 8, torch.float64, device)
+    w, b = make_params(3, 8, 5, torch.float64, device)
+    out = vga_linear.gather_concat_linear(x, w, b)
+    assert out.grad_fn is None and not out.requires_grad
+    assert_close_to_float64(out, x, w, b)
+    with torch.no_grad():
+        assert not vga_linear.gather_concat_linear(x, w.requires_grad_(), b).requires_grad
+    out = vga_linear.gather_concat_linear(x, w, b)  # w requires grad now: the autograd path
+    assert out.requires_grad and out.grad_fn is not None
+    out.sum().backward()
+    assert w.grad is not None
+

@@ -1,0 +1,864 @@
+// The "skinny" family: y[m, n] = sum_{r,h} x[r, m, h] * W[n, r*H + h] + bias[n] for few rows
+// (decode: rows() <= 64) and a large weight. Such a product is bound by HBM bandwidth: every W
+// element is used rows() times, so the kernel's job is to stream W exactly once, at full speed.
+//
+// Tiling (both kernels below share it):
+//   * A CTA (8 warps) owns a tile of out-features -- 128 rows of W for the half types (16 per
+//     warp), 32 or 64 for fp32 -- times all rows() batch rows of y, over a slice of the
+//     reduction dim. When K / tile rows alone gives too few CTAs for the SMs, the reduction dim
+//     is cut into S slices (S = 2, 4, 8) and the S CTAs of one tile form a thread block cluster
+//     (sm_90); their fp32 partial tiles are summed through distributed shared memory in a fixed
+//     rank order: deterministic, no workspace, no atomics. S is chosen with the clusters that
+//     can actually be resident (a cluster lives inside one GPC: on the H200, 1-CTA/SM kernels
+//     fit 66 clusters of 2 but only 30 of 4 and 15 of 8). Large K needs no split (S = 1);
+//     before sm_90 S is always 1.
+//   * x (rows() x R*H, small) is staged in shared memory chunk by chunk (cp.async ring of
+//     kXStages chunks), gathered through the virtual concat (k -> shard r = k / H, h = k % H),
+//     so the concat is never materialised. The chunk is shared by all warps of the CTA, so x is
+//     read from L2 once per CTA: (K / tile rows) * bytes(x) in all, rows() / 128 of W's bytes.
+//   * W goes straight from global memory into registers with 16-byte loads (no shared-memory
+//     round trip; ld.global.nc.L1::no_allocate.L2::256B), kWDepth chunks ahead of their use:
+//     8 warps x 16 rows x 128 B x 4 chunks = 64 KB in flight per SM.
+//   * half types: tensor cores (mma.sync m16n8k16, fp32 accumulate), with W as the A operand
+//     (16 out-features) and x as the B operand (8 batch rows). The reduction index inside a
+//     64-wide chunk is permuted so that each thread's 16-byte W vector (8 consecutive k) IS its
+//     A fragment for two k16 steps, and the same permutation applied to x makes each thread's
+//     B fragment one 16-byte shared-memory load (rows XOR-swizzled to stay conflict-free).
+//     rows() = 64 at HBM speed needs ~290 TFLOP/s: SIMT could not keep up, mma.sync can.
+//   * fp32: SIMT FFMA (fp32 accuracy, no TF32). Lanes split the 128-wide chunk (4 k each, one
+//     16-byte W load per row), each lane accumulates kRowsPerWarp x kBPad partial dot products,
+//     and a butterfly reduce-scatter across the warp sums them at the end (fixed order).
+//   * Epilogue: fp32 tile -> shared memory (transposed so that the final stores of y, which is
+//     (rows, K) row-major, are coalesced along K) -> [cluster reduce] -> + bias -> dtype -> y.
+//
+// Refused (see skinny_refusal): fp64, rows() > 64 (fp32: > 16), weight_stride_in != 1, W rows
+// not 16-byte aligned, sizes >= 2^31, compute capability < 8. Everything else runs: any R, H and
+// K; x views with any strides (a 16-byte cp.async path when H and the x strides allow it, an
+// element-wise gather otherwise); reduction tails are masked.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "problem.cuh"
+
+namespace vga {
+namespace skinny_detail {
+
+constexpr int kMaxRows = 64;       // batch rows handled in one pass (n-tiles of 8, padded)
+constexpr int kWarps = 8;          // warps per CTA
+constexpr int kThreads = kWarps * 32;
+constexpr int kXStages = 4;        // x chunks in flight (cp.async ring)
+constexpr int kMaxClusterSlices = 8;
+// fp32 (SIMT) keeps 64 / rows accumulators per lane, so its CTA tile shrinks to 8 W rows at 64
+// batch rows and x is re-read 8x W's bytes: measured 1.34 ms vs cuBLAS 0.21 ms at R,B,H,K =
+// 8,64,1024,8192. Above 16 rows the GEMM families do better.
+constexpr int kMaxFp32Rows = 16;
+
+struct SkinnyParams {
+  const void* x;
+  const void* weight;
+  const void* bias;
+  void* out;
+  int64_t x_stride_shard, x_stride_outer, x_stride_inner;
+  int64_t weight_stride_out;
+  int64_t bias_stride;
+  int rows;          // rows() <= 64
+  int batch_inner;
+  int shard_width;   // H
+  int reduction;     // R*H  (< 2^31, checked)
+  int out_features;  // K
+  int slice_len;     // reduction elements per slice (a multiple of the chunk)
+  int x_vectorized;  // 1: x gathers as aligned 16-byte vectors (H % vec == 0, aligned strides)
+};
+
+// ---------------------------------------------------------------- small PTX helpers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// W is read exactly once: keep it out of L1, and ask L2 for 256-byte lines (HBM efficiency).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint4 load_shared16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void store_shared16(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills (padding rows, tails).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+template <typename T>
+struct MmaOp;
+template <>
+struct MmaOp<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaOp<__half> {
+  __device__ __forceinline__ static void run(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(float v) { return v; }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+
+// Raw element bits (the x gather and the masked W tail move bits, not values).
+template <typename T>
+struct Bits {
+  using type = uint16_t;
+};
+template <>
+struct Bits<float> {
+  using type = uint32_t;
+};
+
+// ---------------------------------------------------------------- cluster helpers (sm_90)
+
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+#endif
+}
+
+// fp32 load from the shared memory of cluster CTA `rank` at the address `local` has in ours.
+__device__ __forceinline__ float load_cluster_f32(uint32_t local, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  (void)rank;
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(local) : "memory");
+  return v;
+#endif
+}
+
+// ---------------------------------------------------------------- shared pieces
+
+// Byte offset of each batch row's x row (row m = outer * batch_inner + inner), in elements.
+__device__ __forceinline__ void fill_row_offsets(const SkinnyParams& p, int64_t* row_offset,
+                                                 int count) {
+  for (int b = threadIdx.x; b < count; b += kThreads) {
+    int64_t off = 0;
+    if (b < p.rows) {
+      const int outer = b / p.batch_inner;
+      const int inner = b - outer * p.batch_inner;
+      off = outer * p.x_stride_outer + inner * p.x_stride_inner;
+    }
+    row_offset[b] = off;
+  }
+}
+
+// Stage x[:, k0 : k0 + kChunk] (virtual concat, rows padded to kBPad with zeros, k >= k_end
+// zero) into a shared-memory stage laid out [kBPad][kChunk] with 16-byte vectors; with
+// kSwizzle the vector j of row b sits at slot j ^ ((b & 1) << 2) (conflict-free B fragments).
+template <typename T, int kChunk, int kBPad, bool kSwizzle>
+__device__ __forceinline__ void stage_x_chunk(const SkinnyParams& p, const int64_t* row_offset,
+                                              uint32_t stage, int k0, int k_end) {
+  using B = typename Bits<T>::type;
+  constexpr int kVecElems = 16 / sizeof(T);
+  constexpr int kVecsPerRow = kChunk / kVecElems;
+  const B* x = static_cast<const B*>(p.x);
+  for (int i = threadIdx.x; i < kBPad * kVecsPerRow; i += kThreads) {
+    const int b = i / kVecsPerRow;
+    const int j = i - b * kVecsPerRow;
+    const int slot = kSwizzle ? (j ^ ((b & 1) << 2)) : j;
+    const uint32_t dst = stage + static_cast<uint32_t>((b * kVecsPerRow + slot) * 16);
+    const int k = k0 + j * kVecElems;
+    if (p.x_vectorized) {
+      // H % kVecElems == 0 here, so a vector never straddles two shards nor the end.
+      const bool valid = b < p.rows && k < k_end;
+      const B* src = x;
+      if (valid) {
+        const int r = k / p.shard_width;
+        const int h = k - r * p.shard_width;
+        src = x + row_offset[b] + r * p.x_stride_shard + h;
+      }
+      cp_async16(dst, src, valid ? 16 : 0);
+    } else {
+      B e[kVecElems];
+#pragma unroll
+      for (int u = 0; u < kVecElems; ++u) {
+        const int kk = k + u;
+        e[u] = 0;
+        if (b < p.rows && kk < k_end) {
+          const int r = kk / p.shard_width;
+          const int h = kk - r * p.shard_width;
+          e[u] = x[row_offset[b] + r * p.x_stride_shard + h];
+        }
+      }
+      uint4 v;
+      if constexpr (sizeof(T) == 2) {
+        v.x = e[0] | (uint32_t(e[1]) << 16);
+        v.y = e[2] | (uint32_t(e[3]) << 16);
+        v.z = e[4] | (uint32_t(e[5]) << 16);
+        v.w = e[6] | (uint32_t(e[7]) << 16);
+      } else {
+        v.x = e[0];
+        v.y = e[1];
+        v.z = e[2];
+        v.w = e[3];
+      }
+      store_shared16(dst, v);
+    }
+  }
+}
+
+// 16-byte W vector at element k of a row, masked against k_end (only the reduction's last,
+// partial chunk takes the element-wise path; W rows are 16-byte aligned, so vectors are too).
+template <typename T>
+__device__ __forceinline__ uint4 load_w_vector(const T* row, int k, int k_end, bool full) {
+  constexpr int kVecElems = 16 / sizeof(T);
+  if (full || k + kVecElems <= k_end) return load_stream16(row + k);
+  using B = typename Bits<T>::type;
+  const B* rb = reinterpret_cast<const B*>(row);
+  B e[kVecElems];
+#pragma unroll
+  for (int u = 0; u < kVecElems; ++u) e[u] = (k + u < k_end) ? rb[k + u] : B(0);
+  uint4 v;
+  if constexpr (sizeof(T) == 2) {
+    v.x = e[0] | (uint32_t(e[1]) << 16);
+    v.y = e[2] | (uint32_t(e[3]) << 16);
+    v.z = e[4] | (uint32_t(e[5]) << 16);
+    v.w = e[6] | (uint32_t(e[7]) << 16);
+  } else {
+    v.x = e[0];
+    v.y = e[1];
+    v.z = e[2];
+    v.w = e[3];
+  }
+  return v;
+}
+
+// Sum the S partial tiles (S = gridDim.x, the CTAs of one cluster; 1 = this CTA alone), add the
+// bias, convert, store. `partial` is [kBPad][kRowsPerCta + 4] fp32 in every CTA; CTA rank q
+// finishes rows [q * kRowsPerCta / S, (q + 1) * kRowsPerCta / S) of the tile.
+template <typename T, int kRowsPerCta>
+__device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t partial, int row0) {
+  constexpr int kLd = kRowsPerCta + 4;
+  const int slices = gridDim.x;
+  const int rank = blockIdx.x;
+  if (slices > 1) {
+    cluster_barrier();
+  } else {
+    __syncthreads();
+  }
+  const int rows_per_rank = kRowsPerCta / slices;
+  const int my_first = rank * rows_per_rank;
+  const int count = rows_per_rank * p.rows;
+  T* out = static_cast<T*>(p.out);
+  const T* bias = static_cast<const T*>(p.bias);
+  for (int e = threadIdx.x; e < count; e += kThreads) {
+    const int b = e / rows_per_rank;
+    const int row = my_first + (e - b * rows_per_rank);
+    const int n = row0 + row;
+    if (n >= p.out_features) continue;
+    const uint32_t addr = partial + static_cast<uint32_t>((b * kLd + row) * 4);
+    float sum = 0.f;
+    if (slices == 1) {
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(sum) : "r"(addr) : "memory");
+    } else {
+      for (int q = 0; q < slices; ++q) sum += load_cluster_f32(addr, q);
+    }
+    if (bias != nullptr) sum += to_float(bias[n * p.bias_stride]);
+    out[static_cast<int64_t>(b) * p.out_features + n] = from_float<T>(sum);
+  }
+  if (slices > 1) cluster_barrier();  // peers may still be reading our partial tile
+}
+
+template <int kRowsPerCta, int kBPad, int kStageBytes>
+constexpr int smem_bytes() {
+  constexpr int ring = kXStages * kStageBytes;
+  constexpr int partial = kBPad * (kRowsPerCta + 4) * 4;
+  constexpr int body = ring > partial ? ring : partial;
+  return body + kBPad * 8;  // + row offset table
+}
+
+// ---------------------------------------------------------------- half types: mma.sync
+
+template <int kMTiles, int kNTiles>
+struct MmaConfig {
+  static constexpr int kChunk = 64;  // reduction elements per step: 128 bytes of each W row
+  static constexpr int kBPad = kNTiles * 8;
+  static constexpr int kRowsPerWarp = kMTiles * 16;
+  static constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
+  static constexpr int kStageBytes = kBPad * kChunk * 2;
+  // W chunks in flight per thread; each is kMTiles * 16 bytes * 4 (16 * kMTiles registers).
+  static constexpr int kWDepth = (kMTiles * kNTiles >= 16) ? 3 : 4;
+  static constexpr int kSmem = smem_bytes<kRowsPerCta, kBPad, kStageBytes>();
+};
+
+template <typename T, int kMTiles, int kNTiles>
+__global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyParams p) {
+  using Cfg = MmaConfig<kMTiles, kNTiles>;
+  constexpr int kChunk = Cfg::kChunk;
+  constexpr int kBPad = Cfg::kBPad;
+  constexpr int kDepth = Cfg::kWDepth;
+  constexpr int kRowsPerCta = Cfg::kRowsPerCta;
+  constexpr int kRowBytes = kChunk * 2;  // one staged x row
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t smem_base = smem_addr(smem);
+  constexpr int kBody = Cfg::kSmem - kBPad * 8;
+  int64_t* row_offset = reinterpret_cast<int64_t*>(smem + kBody);
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;   // mma "groupID": W row / x batch row within a tile
+  const int quad = lane & 3;     // mma "threadID_in_group": which 16-byte vector of 32 k
+
+  const int row0 = blockIdx.y * kRowsPerCta;
+  const int k_begin = blockIdx.x * p.slice_len;
+  const int k_end = min(p.reduction, k_begin + p.slice_len);
+  const int span = max(0, k_end - k_begin);
+  const int num_chunks = (span + kChunk - 1) / kChunk;
+  const int full_chunks = span / kChunk;
+
+  fill_row_offsets(p, row_offset, kBPad);
+  __syncthreads();
+
+  // This thread's W rows: (m-tile, half) -> row warp*32 + mt*16 + group + 8*half; rows past K
+  // re-read row K-1 (valid memory; their results are never stored).
+  const T* w_row[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int n = row0 + warp * Cfg::kRowsPerWarp + mt * 16 + group + 8 * half;
+      n = min(n, p.out_features - 1);
+      w_row[mt][half] = static_cast<const T*>(p.weight) + n * p.weight_stride_out;
+    }
+
+  // W registers: [depth][mt][half][v] 16-byte vectors; vector v of a chunk covers k
+  // [8 * (4v + quad), +8) -- the warp reads 64 contiguous bytes of each row per instruction.
+  uint4 w_buf[kDepth][kMTiles][2][2];
+  float acc[kMTiles][kNTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+  auto issue_w = [&](int chunk, uint4 (&dst)[kMTiles][2][2]) {
+    const bool full = chunk < full_chunks;
+    const int kc = k_begin + chunk * kChunk;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int v = 0; v < 2; ++v)
+          dst[mt][half][v] = load_w_vector<T>(w_row[mt][half], kc + 8 * (4 * v + quad), k_end, full);
+  };
+  auto stage_x = [&](int chunk) {
+    stage_x_chunk<T, kChunk, kBPad, true>(p, row_offset,
+                                          smem_base + (chunk % kXStages) * Cfg::kStageBytes,
+                                          k_begin + chunk * kChunk, k_end);
+  };
+
+  // Prologue: x chunks 0 .. kXStages-2 and W chunks 0 .. kDepth-1 in flight.
+#pragma unroll
+  for (int s = 0; s < kXStages - 1; ++s) {
+    if (s < num_chunks) stage_x(s);
+    cp_async_commit();
+  }
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d)
+    if (d < num_chunks) issue_w(d, w_buf[d]);
+
+  for (int base = 0; base < num_chunks; base += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int chunk = base + d;
+      if (chunk >= num_chunks) break;
+      cp_async_wait<kXStages - 2>();
+      __syncthreads();  // x chunk `chunk` visible; every warp is done with chunk - 1's stage
+      if (chunk + kXStages - 1 < num_chunks) stage_x(chunk + kXStages - 1);
+      cp_async_commit();
+
+      const uint32_t xs = smem_base + (chunk % kXStages) * Cfg::kStageBytes;
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const int b = nt * 8 + group;
+          const int slot = (4 * v + quad) ^ ((group & 1) << 2);
+          const uint4 xv = load_shared16(xs + b * kRowBytes + slot * 16);
+          const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              const uint4& lo = w_buf[d][mt][0][v];  // row group
+              const uint4& hi = w_buf[d][mt][1][v];  // row group + 8
+              const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
+              const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
+              MmaOp<T>::run(acc[mt][nt], wl[2 * s], wh[2 * s], wl[2 * s + 1], wh[2 * s + 1],
+                            xw[2 * s], xw[2 * s + 1]);
+            }
+          }
+        }
+      }
+      if (chunk + kDepth < num_chunks) issue_w(chunk + kDepth, w_buf[d]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the x ring is free: reuse it for the partial tile
+
+  // Partial tile, transposed: partial[b][row], ld = kRowsPerCta + 4 (conflict-free writes).
+  constexpr int kLd = kRowsPerCta + 4;
+  float* partial = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int row = warp * Cfg::kRowsPerWarp + mt * 16 + group;
+      const int b = nt * 8 + 2 * quad;
+      partial[b * kLd + row] = acc[mt][nt][0];
+      partial[(b + 1) * kLd + row] = acc[mt][nt][1];
+      partial[b * kLd + row + 8] = acc[mt][nt][2];
+      partial[(b + 1) * kLd + row + 8] = acc[mt][nt][3];
+    }
+  finish_tile<T, kRowsPerCta>(p, smem_base, row0);
+}
+
+// ---------------------------------------------------------------- fp32: SIMT FFMA
+
+template <int kBPad>
+struct SimtConfig {
+  static constexpr int kChunk = 128;                 // 32 lanes x 4 floats
+  static constexpr int kRowsPerWarp = 64 / kBPad;    // 64 accumulators per lane
+  static constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
+  static constexpr int kStageBytes = kBPad * kChunk * 4;
+  static constexpr int kWDepth = kRowsPerWarp >= 4 ? 2 : 8 / kRowsPerWarp;
+  static constexpr int kSmem = smem_bytes<kRowsPerCta, kBPad, kStageBytes>();
+};
+
+template <int kBPad>
+__global__ void __launch_bounds__(kThreads, 1) skinny_fp32_kernel(const SkinnyParams p) {
+  using Cfg = SimtConfig<kBPad>;
+  constexpr int kChunk = Cfg::kChunk;
+  constexpr int kRows = Cfg::kRowsPerWarp;
+  constexpr int kDepth = Cfg::kWDepth;
+  constexpr int kRowsPerCta = Cfg::kRowsPerCta;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t smem_base = smem_addr(smem);
+  constexpr int kBody = Cfg::kSmem - kBPad * 8;
+  int64_t* row_offset = reinterpret_cast<int64_t*>(smem + kBody);
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int row0 = blockIdx.y * kRowsPerCta;
+  const int k_begin = blockIdx.x * p.slice_len;
+  const int k_end = min(p.reduction, k_begin + p.slice_len);
+  const int span = max(0, k_end - k_begin);
+  const int num_chunks = (span + kChunk - 1) / kChunk;
+  const int full_chunks = span / kChunk;
+
+  fill_row_offsets(p, row_offset, kBPad);
+  __syncthreads();
+
+  const float* w_row[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int n = min(row0 + warp * kRows + r, p.out_features - 1);
+    w_row[r] = static_cast<const float*>(p.weight) + n * p.weight_stride_out;
+  }
+  uint4 w_buf[kDepth][kRows];
+  float acc[kRows][kBPad];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int b = 0; b < kBPad; ++b) acc[r][b] = 0.f;
+
+  auto issue_w = [&](int chunk, uint4 (&dst)[kRows]) {
+    const bool full = chunk < full_chunks;
+    const int k = k_begin + chunk * kChunk + 4 * lane;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) dst[r] = load_w_vector<float>(w_row[r], k, k_end, full);
+  };
+  auto stage_x = [&](int chunk) {
+    stage_x_chunk<float, kChunk, kBPad, false>(p, row_offset,
+                                               smem_base + (chunk % kXStages) * Cfg::kStageBytes,
+                                               k_begin + chunk * kChunk, k_end);
+  };
+
+#pragma unroll
+  for (int s = 0; s < kXStages - 1; ++s) {
+    if (s < num_chunks) stage_x(s);
+    cp_async_commit();
+  }
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d)
+    if (d < num_chunks) issue_w(d, w_buf[d]);
+
+  for (int base = 0; base < num_chunks; base += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int chunk = base + d;
+      if (chunk >= num_chunks) break;
+      cp_async_wait<kXStages - 2>();
+      __syncthreads();
+      if (chunk + kXStages - 1 < num_chunks) stage_x(chunk + kXStages - 1);
+      cp_async_commit();
+
+      const uint32_t xs = smem_base + (chunk % kXStages) * Cfg::kStageBytes + lane * 16;
+#pragma unroll
+      for (int b = 0; b < kBPad; ++b) {
+        const uint4 xv = load_shared16(xs + b * kChunk * 4);
+        const float x0 = __uint_as_float(xv.x), x1 = __uint_as_float(xv.y);
+        const float x2 = __uint_as_float(xv.z), x3 = __uint_as_float(xv.w);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const uint4& w = w_buf[d][r];
+          float a = acc[r][b];
+          a = fmaf(__uint_as_float(w.x), x0, a);
+          a = fmaf(__uint_as_float(w.y), x1, a);
+          a = fmaf(__uint_as_float(w.z), x2, a);
+          a = fmaf(__uint_as_float(w.w), x3, a);
+          acc[r][b] = a;
+        }
+      }
+      if (chunk + kDepth < num_chunks) issue_w(chunk + kDepth, w_buf[d]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Butterfly reduce-scatter of the 64 accumulators over the 32 lanes: afterwards lane l holds
+  // the warp totals of flat index 2l and 2l+1 (flat = r * kBPad + b). Fixed order.
+  float v[64];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int b = 0; b < kBPad; ++b) v[r * kBPad + b] = acc[r][b];
+#pragma unroll
+  for (int step = 0; step < 5; ++step) {
+    const int offset = 16 >> step;
+    const int half_count = 32 >> step;
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      if (i < half_count) {
+        const float send = upper ? v[i] : v[i + half_count];
+        const float keep = upper ? v[i + half_count] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+      }
+    }
+  }
+  constexpr int kLd = kRowsPerCta + 4;
+  float* partial = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int flat = 2 * lane + i;
+    const int r = flat / kBPad;
+    const int b = flat - r * kBPad;
+    partial[b * kLd + warp * kRows + r] = v[i];
+  }
+  finish_tile<float, kRowsPerCta>(p, smem_base, row0);
+}
+
+// ---------------------------------------------------------------- host side
+
+struct LaunchPlan {
+  int row_tiles = 0;
+  int slices = 1;     // cluster size along the reduction dim
+  int slice_len = 0;  // multiple of the chunk
+};
+
+// Cluster split S in {1, 2, 4, 8}. A cluster must fit inside one GPC, so clusters of 4 or 8
+// CTAs that each fill an SM can leave SMs idle (measured on the H200 for 1-CTA/SM kernels: 66
+// clusters of 2 = 132 CTAs, but 30 of 4 = 120 and 15 of 8 = 120): `resident_ctas(S)` says how
+// many CTAs fit at once (0: S unusable). Take the smallest S whose parallelism per wave,
+// CTAs / waves, reaches ~90% of the SMs; else the S with the most.
+template <typename ResidentCtas>
+inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chunk,
+                              int forced_slices, ResidentCtas resident_ctas) {
+  LaunchPlan plan;
+  const int64_t k = p.out_features;
+  const int64_t n = p.reduction();
+  plan.row_tiles = static_cast<int>((k + rows_per_cta - 1) / rows_per_cta);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  int max_slices = p.cc_major >= 9 ? kMaxClusterSlices : 1;
+  while (max_slices > 1 && (max_slices > rows_per_cta || chunks < 2 * max_slices)) max_slices /= 2;
+  int slices = 1;
+  if (forced_slices > 0) {
+    slices = forced_slices;
+  } else {
+    const double want = 0.9 * p.sm_count;
+    double best = -1.0;
+    for (int s = 1; s <= max_slices; s *= 2) {
+      const int64_t ctas = static_cast<int64_t>(plan.row_tiles) * s;
+      const int64_t cap = resident_ctas(s);
+      if (cap <= 0) continue;
+      const int64_t waves = (ctas + cap - 1) / cap;
+      const double per_wave = static_cast<double>(ctas) / static_cast<double>(waves);
+      if (per_wave >= want) {
+        slices = s;
+        break;
+      }
+      if (per_wave > best) {
+        best = per_wave;
+        slices = s;
+      }
+    }
+  }
+  plan.slices = slices;
+  const int64_t chunks_per_slice = (chunks + slices - 1) / slices;
+  plan.slice_len = static_cast<int>(chunks_per_slice * chunk);
+  return plan;
+}
+
+inline SkinnyParams make_params(const ForwardProblem& p, int slice_len) {
+  SkinnyParams s;
+  s.x = p.x;
+  s.weight = p.weight;
+  s.bias = p.bias;
+  s.out = p.out;
+  s.x_stride_shard = p.x_stride_shard;
+  s.x_stride_outer = p.x_stride_outer;
+  s.x_stride_inner = p.x_stride_inner;
+  s.weight_stride_out = p.weight_stride_out;
+  s.bias_stride = p.bias_stride;
+  s.rows = static_cast<int>(p.rows());
+  s.batch_inner = static_cast<int>(p.batch_inner);
+  s.shard_width = static_cast<int>(p.shard_width);
+  s.reduction = static_cast<int>(p.reduction());
+  s.out_features = static_cast<int>(p.out_features);
+  s.slice_len = slice_len;
+  const int esize = dtype_size(p.dtype);
+  const int vec = 16 / esize;
+  auto stride_ok = [&](int64_t stride, int64_t extent) {
+    return extent <= 1 || (stride * esize) % 16 == 0;
+  };
+  s.x_vectorized = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.shard_width % vec == 0) &&
+                   stride_ok(p.x_stride_shard, p.num_shards) &&
+                   stride_ok(p.x_stride_outer, p.batch_outer) &&
+                   stride_ok(p.x_stride_inner, p.batch_inner);
+  return s;
+}
+
+// Raise the dynamic shared-memory limit once per kernel instantiation and device (the attribute
+// is per function and per device).
+template <auto kKernel>
+inline void ensure_smem_limit(int smem) {
+  if (smem <= 48 * 1024) return;
+  static int configured[64] = {};  // one table per kernel instantiation
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 0 || device >= 64 || !configured[device]) {
+    cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (device >= 0 && device < 64) configured[device] = 1;
+  }
+}
+
+inline void set_cluster_attribute(cudaLaunchAttribute* attribute, int slices) {
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = slices;
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+}
+
+// CTAs of kKernel resident at once as clusters of `slices` (cudaOccupancyMaxActiveClusters,
+// asked once per kernel, device and cluster size). slices == 1: no limit that matters (extra
+// CTAs form later waves, counted by the caller's own arithmetic only through waves = 1).
+template <auto kKernel>
+inline int64_t resident_cluster_ctas(int smem, int slices) {
+  if (slices <= 1) return int64_t(1) << 40;
+  static int cache[64][4] = {};  // [device][log2 slices]: 0 unknown, -1 query failed, else clusters
+  int device = 0;
+  cudaGetDevice(&device);
+  const int slot = slices == 2 ? 1 : slices == 4 ? 2 : 3;
+  int clusters = (device >= 0 && device < 64) ? cache[device][slot] : 0;
+  if (clusters == 0) {
+    ensure_smem_limit<kKernel>(smem);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(slices, 1, 1);
+    config.blockDim = dim3(kThreads, 1, 1);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attribute[1];
+    set_cluster_attribute(attribute, slices);
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess ||
+        clusters <= 0) {
+      cudaGetLastError();  // the query's failure is not the caller's error
+      clusters = -1;
+    }
+    if (device >= 0 && device < 64) cache[device][slot] = clusters;
+  }
+  if (clusters < 0) return slices == 2 ? (int64_t(1) << 40) : 0;  // unknown: pairs only
+  return static_cast<int64_t>(clusters) * slices;
+}
+
+// Launch as a cluster of `slices` CTAs along grid x when slices > 1.
+template <auto kKernel>
+inline void launch_skinny(int smem, const LaunchPlan& plan, const SkinnyParams& params,
+                          cudaStream_t stream) {
+  ensure_smem_limit<kKernel>(smem);
+  if (plan.slices == 1) {
+    kKernel<<<dim3(1, plan.row_tiles, 1), kThreads, smem, stream>>>(params);
+    return;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(plan.slices, plan.row_tiles, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  set_cluster_attribute(attribute, plan.slices);
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kKernel, params);
+}
+
+template <auto kKernel, int kRowsPerCta, int kChunk, int kSmem>
+inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream, int forced_slices) {
+  const LaunchPlan plan = plan_launch(p, kRowsPerCta, kChunk, forced_slices, [&](int slices) {
+    return resident_cluster_ctas<kKernel>(kSmem, slices);
+  });
+  launch_skinny<kKernel>(kSmem, plan, make_params(p, plan.slice_len), stream);
+}
+
+template <typename T, int kMTiles>
+inline void launch_mma(const ForwardProblem& p, cudaStream_t stream, int forced_slices) {
+  const int64_t rows = p.rows();
+  const int n_tiles = rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
+#define VGA_SKINNY_MMA_CASE(NT)                                                            \
+  case NT:                                                                                 \
+    plan_and_launch<skinny_mma_kernel<T, kMTiles, NT>, MmaConfig<kMTiles, NT>::kRowsPerCta, \
+                    MmaConfig<kMTiles, NT>::kChunk, MmaConfig<kMTiles, NT>::kSmem>(         \
+        p, stream, forced_slices);                                                         \
+    break;
+  switch (n_tiles) {
+    VGA_SKINNY_MMA_CASE(1)
+    VGA_SKINNY_MMA_CASE(2)
+    VGA_SKINNY_MMA_CASE(4)
+    VGA_SKINNY_MMA_CASE(8)
+  }
+#undef VGA_SKINNY_MMA_CASE
+}
+
+// fp32 runs only up to kMaxFp32Rows rows (see skinny_refusal).
+inline void launch_fp32(const ForwardProblem& p, cudaStream_t stream, int forced_slices) {
+  if (p.rows() > kMaxFp32Rows) return;  // refused by skinny_refusal; never launch a wrong tile
+  if (p.rows() <= 8) {
+    plan_and_launch<skinny_fp32_kernel<8>, SimtConfig<8>::kRowsPerCta, SimtConfig<8>::kChunk,
+                    SimtConfig<8>::kSmem>(p, stream, forced_slices);
+  } else {
+    plan_and_launch<skinny_fp32_kernel<16>, SimtConfig<16>::kRowsPerCta, SimtConfig<16>::kChunk,
+                    SimtConfig<16>::kSmem>(p, stream, forced_slices);
+  }
+}
+
+// Entry with the tuning knobs exposed (harness): kMTiles 1 or 2 (128 / 256-row tiles, half types
+// only; 1 is what skinny_forward uses: it measured faster on every bench shape), slices 1, 2, 4,
+// 8 (0 = automatic; > 1 needs sm_90).
+template <int kMTiles = 1>
+inline void skinny_forward_with(const ForwardProblem& p, cudaStream_t stream, int forced_slices) {
+  switch (p.dtype) {
+    case DType::kBFloat16:
+      launch_mma<__nv_bfloat16, kMTiles>(p, stream, forced_slices);
+      break;
+    case DType::kFloat16:
+      launch_mma<__half, kMTiles>(p, stream, forced_slices);
+      break;
+    case DType::kFloat32:
+      launch_fp32(p, stream, forced_slices);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace skinny_detail
+
+inline const char* skinny_refusal(const ForwardProblem& p) {
+  if (p.dtype == DType::kFloat64) return "skinny: fp64 is not supported";
+  if (p.dtype != DType::kFloat32 && p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
+    return "skinny: unknown dtype";
+  if (p.cc_major < 8) return "skinny: needs compute capability >= 8.0 (mma.sync, cp.async)";
+  if (p.rows() < 1) return "skinny: no rows";
+  if (p.rows() > skinny_detail::kMaxRows) return "skinny: more than 64 rows";
+  if (p.dtype == DType::kFloat32 && p.rows() > skinny_detail::kMaxFp32Rows)
+    return "skinny: fp32 with more than 16 rows";
+  if (p.out_features < 1 || p.num_shards < 1 || p.shard_width < 1)
+    return "skinny: empty K or reduction";
+  if (p.reduction() >= (int64_t(1) << 31) - 1024 || p.out_features >= (int64_t(1) << 31) - 1024 ||
+      p.batch_inner >= (int64_t(1) << 31))
+    return "skinny: sizes past 2^31";
+  const int64_t smallest_tile = p.dtype == DType::kFloat32 ? 32 : 128;  // rows of W per CTA
+  if ((p.out_features + smallest_tile - 1) / smallest_tile > 65535)
+    return "skinny: too many row tiles (grid.y)";
+  if (p.weight_stride_in != 1) return "skinny: weight's inner stride must be 1";
+  const int esize = dtype_size(p.dtype);
+  if (reinterpret_cast<uintptr_t>(p.weight) % 16 != 0 ||
+      (p.out_features > 1 && (p.weight_stride_out * esize) % 16 != 0))
+    return "skinny: weight rows not 16-byte aligned";
+  if (p.sm_count < 1) return "skinny: unknown SM count";
+  return nullptr;
+}
+
+inline void skinny_forward(const ForwardProblem& p, cudaStream_t stream) {
+  skinny_detail::skinny_forward_with<1>(p, stream, 0);
+}
+
+}  // namespace vga

@@ -1,0 +1,266 @@
+// Hopper (sm_90a) building blocks as raw PTX: mbarriers, TMA bulk tensor loads,
+// wgmma shared-memory descriptors and the m64n256k16 wgmma itself, warpgroup
+// register reallocation, plus the host-side tensor-map encoder lookup.
+//
+// Every device helper is only meaningful inside an sm_90a body; callers guard
+// their kernels with `#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)`
+// and this header guards the asm the same way so the compute_80 PTX pass compiles.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include <torch/headeronly/util/Exception.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define VGA_SM90A_DEVICE 1
+#endif
+
+namespace vga {
+namespace sm90 {
+
+// ---------------------------------------------------------------- device side
+#ifdef VGA_SM90A_DEVICE
+
+__device__ __forceinline__ uint32_t smem_address(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrival_count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrival_count));
+}
+
+// Makes barrier initialisation visible to the async proxy (TMA) before first use.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
+// Spins until the barrier's phase with the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Arrives on the barrier at the same shared-memory offset in CTA `cta_rank` of the
+// cluster. Used to hand a consumed stage back (the wgmma reads are already complete),
+// so it carries no cluster-scope release: that would cost a GPU-wide memory barrier.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(cta_rank)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// All threads of all CTAs in the cluster; orders shared-memory (and barrier) state across them.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// One bulk tensor copy global -> shared, completing `bytes` of transaction on `bar`.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// The same copy delivered to the same shared-memory offset (and barrier offset)
+// of every CTA in `cta_mask`.
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                                      uint16_t cta_mask, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6}], [%2], %3;" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(bar)), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+template <uint32_t kRegisters>
+__device__ __forceinline__ void warpgroup_release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+template <uint32_t kRegisters>
+__device__ __forceinline__ void warpgroup_claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// Shared-memory matrix descriptor for a K-major tile whose rows are 128 bytes
+// (64 half-precision elements) written by TMA with 128-byte swizzle: 8-row core
+// groups are 1024 bytes apart (stride byte offset), the leading byte offset is
+// unused for swizzled layouts (1 by convention). `tile` must be 1024-byte aligned.
+__device__ __forceinline__ uint64_t k_major_swizzle128_descriptor(const void* tile) {
+  const uint64_t start = (smem_address(tile) & 0x3FFFF) >> 4;
+  return start | (1ull << 16) | (uint64_t(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPendingGroups>
+__device__ __forceinline__ void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPendingGroups) : "memory");
+}
+
+// acc[64 x 256] (fp32, the wgmma fragment layout) = A[64 x 16] * B[256 x 16]^T
+// (+ acc when `accumulate` != 0), both operands K-major in shared memory.
+// Element is __nv_bfloat16 or __half.
+#define VGA_WGMMA_ACC_OPERANDS_16(i)                                                                       \
+  "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), "+f"(acc[i + 5]), \
+      "+f"(acc[i + 6]), "+f"(acc[i + 7]), "+f"(acc[i + 8]), "+f"(acc[i + 9]), "+f"(acc[i + 10]),              \
+      "+f"(acc[i + 11]), "+f"(acc[i + 12]), "+f"(acc[i + 13]), "+f"(acc[i + 14]), "+f"(acc[i + 15])
+#define VGA_WGMMA_M64N256K16(TYPE)                                                                              \
+  asm volatile(                                                                                                 \
+      "{\n"                                                                                                     \
+      ".reg .pred accumulate;\n"                                                                                \
+      "setp.ne.b32 accumulate, %130, 0;\n"                                                                      \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE "\n"                                         \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                 \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                        \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                        \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                        \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                        \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                        \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "            \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "       \
+      "%128, %129, accumulate, 1, 1, 0, 0;\n"                                                                   \
+      "}\n"                                                                                                     \
+      : VGA_WGMMA_ACC_OPERANDS_16(0), VGA_WGMMA_ACC_OPERANDS_16(16), VGA_WGMMA_ACC_OPERANDS_16(32),             \
+        VGA_WGMMA_ACC_OPERANDS_16(48), VGA_WGMMA_ACC_OPERANDS_16(64), VGA_WGMMA_ACC_OPERANDS_16(80),            \
+        VGA_WGMMA_ACC_OPERANDS_16(96), VGA_WGMMA_ACC_OPERANDS_16(112)                                           \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+
+template <typename Element>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&acc)[128], uint64_t desc_a, uint64_t desc_b,
+                                                 uint32_t accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16>(float (&acc)[128], uint64_t desc_a, uint64_t desc_b,
+                                                                uint32_t accumulate) {
+  VGA_WGMMA_M64N256K16("bf16");
+}
+
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__half>(float (&acc)[128], uint64_t desc_a, uint64_t desc_b,
+                                                         uint32_t accumulate) {
+  VGA_WGMMA_M64N256K16("f16");
+}
+
+#undef VGA_WGMMA_M64N256K16
+#undef VGA_WGMMA_ACC_OPERANDS_16
+
+// Two fp32 values rounded to the element type and packed into one 32-bit word (low = first).
+template <typename Element>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t pack_pair<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <>
+__device__ __forceinline__ uint32_t pack_pair<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename Element>
+__device__ __forceinline__ Element from_float(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+__device__ __forceinline__ void store_global_16_bytes(void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+#endif  // VGA_SM90A_DEVICE
+
+// ------------------------------------------------------------------ host side
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no -lcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
+    STD_TORCH_CHECK(status == cudaSuccess && found == cudaDriverEntryPointSuccess && entry != nullptr,
+                    "vga sm90 GEMM: cuTensorMapEncodeTiled is unavailable from the CUDA driver");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  }();
+  return encoder;
+}
+
+// A tiled tensor map with 128-byte swizzle over a half-precision tensor.
+// dims/strides innermost first; strides in bytes for dims 1.. (dim 0 is dense).
+inline CUtensorMap encode_swizzled_tensor_map(const void* base, CUtensorMapDataType type, int rank,
+                                              const cuuint64_t* dims, const cuuint64_t* byte_strides,
+                                              const cuuint32_t* box) {
+  CUtensorMap map;
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult result = tensor_map_encoder()(
+      &map, type, static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, byte_strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  STD_TORCH_CHECK(result == CUDA_SUCCESS, "vga sm90 GEMM: cuTensorMapEncodeTiled failed with error ",
+                  static_cast<int>(result));
+  return map;
+}
+
+}  // namespace sm90
+}  // namespace vga
