@@ -175,10 +175,32 @@ torch.library.register_autograd(
 )
 
 
+_forward_op = torch.ops.vga.gather_concat_linear.default
+
+
+def _autograd_has_nothing_to_do(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """True when the autograd kernel would only redispatch: no input needs a gradient and no
+    tracer, functorch transform or forward-mode AD level is active."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return False
+    if torch.autograd.forward_ad._current_level >= 0:
+        return False
+    if not torch.is_grad_enabled():
+        return True
+    return not (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+
+
 def gather_concat_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(torch.cat(x.unbind(0), -1), weight, bias)`` without materialising the concat.
 
     x: (R, *batch, H) with one or two batch dims, last dim contiguous (other strides free);
     weight: (K, R*H); bias: (K,) or None. Returns a contiguous (*batch, K) tensor of x's dtype.
+
+    Same as ``torch.ops.vga.gather_concat_linear``, but when autograd has nothing to record it
+    calls the kernel below the autograd key directly, skipping the Python autograd kernel that
+    ``register_autograd`` installs (about half of the eager call overhead of a small shape).
     """
-    return torch.ops.vga.gather_concat_linear(x, weight, bias)
+    if _autograd_has_nothing_to_do(x, weight, bias):
+        with torch._C._AutoDispatchBelowAutograd():
+            return _forward_op(x, weight, bias)
+    return _forward_op(x, weight, bias)
