@@ -235,6 +235,20 @@ def test_cost_model_decisions():
         assert e.forward_s >= e.compute_s - 1e-12
 
 
+def test_cost_model_key():
+    """CostModel.key (what torch.compile's planner receives) survives replace, copy and pickling."""
+    import copy
+    import pickle
+
+    import vga_linear.distributed as vd
+
+    cm = vd.default_cost_model("cuda").replace(link_bw=123e9, gemm_flops={"bf16": 1e15})
+    for other in (pickle.loads(pickle.dumps(cm)), copy.deepcopy(cm), copy.copy(cm), cm.replace()):
+        assert other == cm and other.key == cm.key and isinstance(other.key, str)
+        assert vd._COST_MODEL_BY_KEY[other.key] == cm
+    assert cm.replace(link_bw=124e9).key != cm.key
+
+
 def test_simulate_runs():
     r = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_distributed.py"), "--simulate", "--no-measure"],
@@ -500,6 +514,30 @@ def _suite_module(ck, vd, dist, dev, R, rank):
         got = cg(x32)
         ck.close(f"compile dynamic fp32 rows={rows}", got, want, 1e-6, 1e-6)
         got.sum().backward()
+    # cost models as arguments, received from rank 0 (unpickled), dynamic=True: the compiled plan is
+    # the eager plan of the model passed, an equal model reuses the graph, a different one recompiles
+    objs = [model.replace(link_bw=1e3), model.replace(link_bw=1e15)] if rank == 0 else [None, None]
+    dist.broadcast_object_list(objs, src=0)
+    slow, fast = objs
+    wd = w32.detach()
+    plans = [vd.plan_all_gather_linear(R, 5, H, K, torch.float32, device_type=dev.type, cost_model=c).strategy
+             for c in (slow, fast)]
+    ck.true(f"slow and fast links plan differently {plans}", plans[0] != plans[1])
+    seen = []
+
+    def record(gm, example_inputs):
+        seen.append({str(n.target).split(".")[1] for n in gm.graph.nodes if str(n.target).startswith("vga_dist.")})
+        return gm
+
+    torch._dynamo.reset()
+    ch = torch.compile(lambda x, c: vd.all_gather_linear(x, wd, None, cost_model=c), fullgraph=True,
+                       backend=record, dynamic=True)
+    x32 = torch.randn(5, H, generator=g_rows(5), dtype=torch.float32).to(dev)
+    for c in (slow, fast, slow.replace()):
+        want = vd.all_gather_linear(x32, wd, None)
+        ck.close(f"compile cost model argument {c.link_bw:g}", ch(x32, c), want, 1e-6, 1e-6)
+    want_ops = [{"gather": "ag_linear", "row_parallel": "rp_linear"}[p] for p in plans]
+    ck.true(f"one graph per distinct cost model, with its plan: {seen}", seen == [{want_ops[0]}, {want_ops[1]}])
 
 
 def g_rows(rows):

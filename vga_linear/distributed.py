@@ -101,11 +101,20 @@ implementations, so ``torch.compile(fullgraph=True)`` traces ``all_gather_linear
 is computed at trace time (``torch.compiler.assume_constant_result``) and baked into the graph,
 together with the rank and world size; the sizes it depends on are specialised
 (``operator.index``), so a dynamic batch size compiles one graph per batch size, subject to
-Dynamo's recompile limit.  What does not work / is not done: the ops are opaque to Inductor, so
-its own collective passes (reordering, ``_micro_pipeline_tp`` async-TP) do not see them -- the
-overlap is inside the op instead; CUDA-graph capture (``mode="reduce-overhead"``) of the c10d work
-handles is untested; torch's functional collectives are not used (their autograd is always the
-``"sum"`` adjoint and cannot express the cheap ``"replicated"`` backward).
+Dynamo's recompile limit.  Only plain constants cross into the planner: a ``cost_model`` goes as
+its :attr:`CostModel.key` string (torch 2.11's Dynamo cannot turn a frozen dataclass into a
+constant, and with ``dynamic=True`` makes its float fields symbolic), so equal models share a
+graph and a different model recompiles; build the model outside the compiled function.
+:func:`last_plan` and :attr:`AllGatherLinear.last_plan` record eager calls only (a compiled call
+stores nothing: Dynamo would have to rebuild the Plan after the graph); the plan a compiled call
+runs is :func:`plan_all_gather_linear` of the same arguments.  With ``cost_model=None`` the
+default model is read at trace time: :func:`set_cost_model` after compiling needs
+``torch._dynamo.reset()`` to take effect.  Tested on torch 2.11 and 2.14.
+What does not work / is not done: the ops are opaque to Inductor, so its own collective passes
+(reordering, ``_micro_pipeline_tp`` async-TP) do not see them -- the overlap is inside the op instead;
+CUDA-graph capture (``mode="reduce-overhead"``) of the c10d work handles is untested; torch's
+functional collectives are not used (their autograd is always the ``"sum"`` adjoint and cannot
+express the cheap ``"replicated"`` backward).
 """
 
 import dataclasses
@@ -514,6 +523,9 @@ def _dtype_key(dtype: torch.dtype) -> str:
     return "fp32"
 
 
+_COST_MODEL_BY_KEY: dict[str, "CostModel"] = {}  # CostModel.key -> a model with that key
+
+
 @dataclasses.dataclass(frozen=True)
 class CostModel:
     """Machine numbers the planner uses (all per rank).
@@ -521,6 +533,8 @@ class CostModel:
     link_bw: bytes/s of the ring (NCCL "bus bandwidth"); coll_latency: s per collective call;
     mem_bw: bytes/s moved by a copy (read + write); gemm_flops: ((dtype key, FLOP/s), ...);
     gemm_latency: s per GEMM launch; source: where the numbers come from.
+    key: (not a field) an exact string of all the fields, what torch.compile hands the planner;
+    models built through ``__init__`` (also by ``replace``, copy, pickle) are registered under it.
     """
 
     link_bw: float
@@ -529,6 +543,22 @@ class CostModel:
     gemm_flops: tuple[tuple[str, float], ...]
     gemm_latency: float
     source: str = "defaults"
+
+    def __post_init__(self) -> None:
+        # ``key``: an exact, hashable string of every field (repr round-trips floats), registered
+        # so that :func:`_decide` can get the model back.  torch.compile hands the model to the
+        # planner as this string: the arguments of an ``assume_constant_result`` function must be
+        # constants to Dynamo, and torch <= 2.11 can neither convert a frozen dataclass instance
+        # ("can't reconstruct arbitrary frozen dataclass instances") nor, with dynamic=True, keep
+        # the float fields constant (they become SymFloats); a str is always a constant, and
+        # guarding on it recompiles for a different model.  Equal models share a key.
+        key = repr((self.link_bw, self.coll_latency, self.mem_bw, self.gemm_flops, self.gemm_latency, self.source))
+        object.__setattr__(self, "key", key)
+        _COST_MODEL_BY_KEY.setdefault(key, self)
+
+    def __reduce__(self):
+        # pickle / copy through __init__, so that a model received from another rank registers its key
+        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     def peak(self, dtype: torch.dtype) -> float:
         d = dict(self.gemm_flops)
@@ -928,8 +958,18 @@ def _plan_from_args(R, B, H, K, dtype, device_type, strategy, chunks, scatter, f
 
 @torch.compiler.assume_constant_result
 def _decide(*args) -> Tuple[str, int]:
-    """(strategy, chunks) for torch.compile: evaluated once at trace time, baked into the graph."""
-    p = _plan_from_args(*args)
+    """(strategy, chunks) for torch.compile: evaluated once at trace time, baked into the graph.
+
+    Every argument is a plain constant (int, bool, str, dtype, None): the cost model arrives as
+    its :attr:`CostModel.key` string (or None) and is looked up here, outside the trace.
+    """
+    *rest, cm_key = args
+    cm = None
+    if cm_key is not None:
+        if cm_key not in _COST_MODEL_BY_KEY:
+            raise RuntimeError(f"CostModel with key {cm_key} was not built through CostModel.__init__")
+        cm = _COST_MODEL_BY_KEY[cm_key]
+    p = _plan_from_args(*rest, cm)
     return p.strategy, p.chunks
 
 
@@ -946,7 +986,11 @@ _LAST_PLAN: Optional[Plan] = None
 
 
 def last_plan() -> Optional[Plan]:
-    """The plan of the latest :func:`all_gather_linear` call in this process (eager mode)."""
+    """The plan of the latest eager :func:`all_gather_linear` call in this process.
+
+    Calls inside torch.compile do not update it (see the module docstring); their plan is
+    :func:`plan_all_gather_linear` of the same arguments.
+    """
     return _LAST_PLAN
 
 
@@ -1031,7 +1075,8 @@ def all_gather_linear(
         plan_args = (
             *(operator.index(v) for v in plan_args[:4]), plan_args[4], str(plan_args[5]),
             _canon_strategy(strategy), None if chunks is None else operator.index(chunks),
-            *(bool(v) for v in plan_args[8:12]), "sum" if grad_mode == "sum" else "replicated", cost_model,
+            *(bool(v) for v in plan_args[8:12]), "sum" if grad_mode == "sum" else "replicated",
+            None if cost_model is None else cost_model.key,
         )
         strat, n_chunks = _decide(*plan_args)  # a constant of the trace
     else:
@@ -1100,7 +1145,7 @@ class AllGatherLinear(nn.Module):
         self.scatter_output = scatter_output
         self.grad_mode = grad_mode
         self.cost_model = cost_model
-        self.last_plan: Optional[Plan] = None
+        self.last_plan: Optional[Plan] = None  # of the latest eager forward (compiled ones do not set it)
         fk = {"device": device, "dtype": dtype}
         cols = shard_features if sharded_weight else self.in_features
         self.weight = nn.Parameter(torch.empty(out_features, cols, **fk))
