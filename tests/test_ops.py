@@ -123,14 +123,14 @@ def test_bad_input_names_the_argument(device):
 
 
 @st.composite
-def problems(draw):
+def problems(draw, dtypes=(torch.float32, torch.float16, torch.bfloat16)):
     R = draw(st.integers(1, 9))
     two_batch = draw(st.booleans())
     batch = (draw(st.integers(1, 40)),) + ((draw(st.integers(1, 5)),) if two_batch else ())
     H = draw(st.one_of(st.integers(1, 40), st.sampled_from([8, 16, 64, 128, 136])))
     K = draw(st.integers(1, 150))
     layout = draw(st.sampled_from(LAYOUTS))
-    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+    dtype = draw(st.sampled_from(dtypes))
     bias = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     return R, batch, H, K, layout, dtype, bias, seed
@@ -149,10 +149,11 @@ def test_hypothesis_cpu(problem):
     _check_problem(problem, "cpu")
 
 
+# One sweep per dtype, so the "device" profile runs 1,000 random problems of each.
 @pytest.mark.cuda
-@given(problems())
-def test_hypothesis_cuda(problem):
-    _check_problem(problem, "cuda")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_hypothesis_cuda(dtype):
+    given(problems(dtypes=(dtype,)))(lambda problem: _check_problem(problem, "cuda"))()
 
 
 # -- opcheck and autograd -------------------------------------------------------------
@@ -238,7 +239,7 @@ def test_gradient_of_an_expanded_grad_out(device):
 
 # -- CUDA only: each kernel family, forced, and 64-bit indexing ----------------------
 
-FAMILIES = ["tiny", "generic", "skinny", "sm90_gemm"]
+FAMILIES = ["tiny", "skinny", "sm90_gemm", "generic"]
 
 
 def _family_refuses(x, w, b, family):
@@ -266,6 +267,25 @@ def test_each_family_is_right_or_refuses(family, dtype, shape):
             assert refusal, "a refusal must say why"
             continue
         assert_close_to_float64(out, x, w, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(2, (4,), 8, 6), (4, (40,), 64, 72), (4, (200,), 128, 136)], ids=str)
+def test_each_family_propagates_nan_and_inf(family, dtype, shape):
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, "cuda")
+    w, b = make_params(R, H, K, dtype, "cuda")
+    x[1, 2, 3] = float("nan")
+    w[4, 1] = float("inf")
+    w[5, 2] = float("-inf")
+    out, refusal = _family_refuses(x, w, b, family)
+    if out is None:
+        pytest.skip(refusal)
+    ref = vga_linear.reference.gather_concat_linear_float64(x, w, b)
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.isposinf(), ref.isposinf()) and torch.equal(out.isneginf(), ref.isneginf())
 
 
 @pytest.mark.cuda
