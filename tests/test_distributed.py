@@ -522,7 +522,8 @@ def _suite_module(ck, vd, dist, dev, R, rank):
     wd = w32.detach()
     plans = [vd.plan_all_gather_linear(R, 5, H, K, torch.float32, device_type=dev.type, cost_model=c).strategy
              for c in (slow, fast)]
-    ck.true(f"slow and fast links plan differently {plans}", plans[0] != plans[1])
+    if R > 1:  # one rank moves no bytes: every link speed gives the same plan
+        ck.true(f"slow and fast links plan differently {plans}", plans[0] != plans[1])
     seen = []
 
     def record(gm, example_inputs):
