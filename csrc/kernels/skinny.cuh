@@ -43,6 +43,7 @@
 
 #include <cstdint>
 
+#include "element_types.cuh"
 #include "problem.cuh"
 
 namespace vga {
@@ -139,20 +140,6 @@ struct MmaOp<__half> {
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
 };
-
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(float v) { return v; }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
 
 // Raw element bits (the x gather and the masked W tail move bits, not values).
 template <typename T>
@@ -316,8 +303,8 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
     } else {
       for (int q = 0; q < slices; ++q) sum += load_cluster_f32(addr, q);
     }
-    if (bias != nullptr) sum += to_float(bias[n * p.bias_stride]);
-    out[static_cast<int64_t>(b) * p.out_features + n] = from_float<T>(sum);
+    if (bias != nullptr) sum += to_acc<float>(bias[n * p.bias_stride]);
+    out[static_cast<int64_t>(b) * p.out_features + n] = from_acc<T>(sum);
   }
   if (slices > 1) cluster_barrier();  // peers may still be reading our partial tile
 }

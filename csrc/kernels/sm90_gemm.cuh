@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "element_types.cuh"
 #include "problem.cuh"
 #include "sm90_primitives.cuh"
 
@@ -134,7 +135,7 @@ __device__ __forceinline__ void transpose_quad(uint32_t (&v)[4], int t) {
 template <typename Element>
 __device__ __forceinline__ float load_bias(const GemmArgs& a, int n) {
   if (a.bias == nullptr) return 0.f;
-  return to_float(static_cast<const Element*>(a.bias)[static_cast<int64_t>(n) * a.bias_stride]);
+  return to_acc<float>(static_cast<const Element*>(a.bias)[static_cast<int64_t>(n) * a.bias_stride]);
 }
 
 // Writes one consumer warpgroup's 64 x 256 accumulator block (+ bias) as Element.
@@ -192,7 +193,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], const GemmAr
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           if (!row_valid[half]) continue;
-          out[out_row[half] * a.out_features + n] = from_float<Element>(acc[4 * j + 2 * half + e] + bias);
+          out[out_row[half] * a.out_features + n] = from_acc<Element>(acc[4 * j + 2 * half + e] + bias);
         }
       }
     }
