@@ -19,7 +19,7 @@ import bench
 import metrics as M
 import vga_linear
 
-FAMILIES = ["tiny", "skinny", "sm90_gemm", "generic"]
+FAMILIES = vga_linear.ops.KERNEL_FAMILIES
 
 
 def main(argv=None) -> int:

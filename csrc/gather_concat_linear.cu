@@ -65,14 +65,13 @@ void check_forward_args(const Tensor& x, const Tensor& weight, const std::option
                     "gather_concat_linear: x, weight and bias must share one dtype, got x ",
                     dtype_name(dtype), " and bias ", dtype_name(bias->scalar_type()));
   }
-  const std::string x_device = device_name(x);
-  STD_TORCH_CHECK(x.is_cuda() && weight.is_cuda() && device_name(weight) == x_device,
-                  "gather_concat_linear: weight is on ", device_name(weight), " but x is on ",
-                  x_device, "; all tensors must be on one device");
+  STD_TORCH_CHECK(same_cuda_device(x, weight), "gather_concat_linear: weight is on ",
+                  device_name(weight), " but x is on ", device_name(x),
+                  "; all tensors must be on one device");
   if (bias.has_value()) {
-    STD_TORCH_CHECK(bias->is_cuda() && device_name(*bias) == x_device,
-                    "gather_concat_linear: bias is on ", device_name(*bias), " but x is on ",
-                    x_device, "; all tensors must be on one device");
+    STD_TORCH_CHECK(same_cuda_device(x, *bias), "gather_concat_linear: bias is on ",
+                    device_name(*bias), " but x is on ", device_name(x),
+                    "; all tensors must be on one device");
   }
   STD_TORCH_CHECK(H <= 1 || x.stride(-1) == 1,
                   "gather_concat_linear: x's last dim must have stride 1, got stride ",

@@ -20,7 +20,7 @@ void check_same(const Tensor& a, const char* a_name, const Tensor& b, const char
   STD_TORCH_CHECK(a.scalar_type() == b.scalar_type(), op, ": ", a_name, " and ", b_name,
                   " must share one dtype, got ", dtype_name(a.scalar_type()), " and ",
                   dtype_name(b.scalar_type()));
-  STD_TORCH_CHECK(a.is_cuda() && b.is_cuda() && device_name(a) == device_name(b), op, ": ",
+  STD_TORCH_CHECK(same_cuda_device(a, b), op, ": ",
                   b_name, " is on ", device_name(b), " but ", a_name, " is on ", device_name(a),
                   "; all tensors must be on one device");
 }

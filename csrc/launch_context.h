@@ -52,6 +52,11 @@ inline std::string device_name(const Tensor& t) {
   return "a non-CUDA device";
 }
 
+// Both on one CUDA device. Compares indices only: the names are built when a check fails.
+inline bool same_cuda_device(const Tensor& a, const Tensor& b) {
+  return a.is_cuda() && b.is_cuda() && a.get_device_index() == b.get_device_index();
+}
+
 inline cudaStream_t current_stream(int32_t device_index) {
   void* stream = nullptr;
   STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device_index, &stream) == AOTI_TORCH_SUCCESS,

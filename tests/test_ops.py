@@ -239,7 +239,7 @@ def test_gradient_of_an_expanded_grad_out(device):
 
 # -- CUDA only: each kernel family, forced, and 64-bit indexing ----------------------
 
-FAMILIES = ["tiny", "skinny", "sm90_gemm", "generic"]
+FAMILIES = vga_linear.ops.KERNEL_FAMILIES
 
 
 def _family_refuses(x, w, b, family):
@@ -286,6 +286,14 @@ def test_each_family_propagates_nan_and_inf(family, dtype, shape):
     ref = vga_linear.reference.gather_concat_linear_float64(x, w, b)
     assert torch.equal(out.isnan(), ref.isnan())
     assert torch.equal(out.isposinf(), ref.isposinf()) and torch.equal(out.isneginf(), ref.isneginf())
+
+
+@pytest.mark.cuda
+def test_kernel_families_match_the_extension():
+    x = make_x(2, (3,), 8, torch.float32, "cuda")
+    w, b = make_params(2, 8, 4, torch.float32, "cuda")
+    with pytest.raises(RuntimeError, match="known: " + ", ".join(FAMILIES) + "(?!,)"):
+        torch.ops.vga._gather_concat_linear_family(x, w, b, "no_such_family")
 
 
 @pytest.mark.cuda

@@ -15,7 +15,7 @@ import torch
 import vga_linear
 from vga_linear.reference import gather_concat_linear_float64
 
-FAMILIES = ["tiny", "skinny", "sm90_gemm", "generic"]
+FAMILIES = vga_linear.ops.KERNEL_FAMILIES
 SHAPES = [(1, 5, 8, 3), (3, 17, 24, 65), (4, 130, 136, 200), (2, 64, 1024, 130), (5, 3, 13, 7)]
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float64: 1e-10}
 

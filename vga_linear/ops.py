@@ -23,6 +23,9 @@ SCHEMAS = {
     "gather_concat_linear_grad_x": "(Tensor grad_out, Tensor weight, int num_shards) -> Tensor",
     "gather_concat_linear_grad_weight": "(Tensor grad_out, Tensor x) -> Tensor",
 }
+# The CUDA kernel families, in csrc/gather_concat_linear.cu's preference order; the private
+# op vga::_gather_concat_linear_family(x, weight, bias, name) runs one of them by name.
+KERNEL_FAMILIES = ("tiny", "skinny", "sm90_gemm", "generic")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _DTYPE_NAMES = "float32, float16, bfloat16 and float64"
 

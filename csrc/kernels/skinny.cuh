@@ -618,7 +618,7 @@ struct LaunchPlan {
 // CTAs / waves, reaches ~90% of the SMs; else the S with the most.
 template <typename ResidentCtas>
 inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chunk,
-                              int forced_slices, ResidentCtas resident_ctas) {
+                              ResidentCtas resident_ctas) {
   LaunchPlan plan;
   const int64_t k = p.out_features;
   const int64_t n = p.reduction();
@@ -627,25 +627,21 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
   int max_slices = p.cc_major >= 9 ? kMaxClusterSlices : 1;
   while (max_slices > 1 && (max_slices > rows_per_cta || chunks < 2 * max_slices)) max_slices /= 2;
   int slices = 1;
-  if (forced_slices > 0) {
-    slices = forced_slices;
-  } else {
-    const double want = 0.9 * p.sm_count;
-    double best = -1.0;
-    for (int s = 1; s <= max_slices; s *= 2) {
-      const int64_t ctas = static_cast<int64_t>(plan.row_tiles) * s;
-      const int64_t cap = resident_ctas(s);
-      if (cap <= 0) continue;
-      const int64_t waves = (ctas + cap - 1) / cap;
-      const double per_wave = static_cast<double>(ctas) / static_cast<double>(waves);
-      if (per_wave >= want) {
-        slices = s;
-        break;
-      }
-      if (per_wave > best) {
-        best = per_wave;
-        slices = s;
-      }
+  const double want = 0.9 * p.sm_count;
+  double best = -1.0;
+  for (int s = 1; s <= max_slices; s *= 2) {
+    const int64_t ctas = static_cast<int64_t>(plan.row_tiles) * s;
+    const int64_t cap = resident_ctas(s);
+    if (cap <= 0) continue;
+    const int64_t waves = (ctas + cap - 1) / cap;
+    const double per_wave = static_cast<double>(ctas) / static_cast<double>(waves);
+    if (per_wave >= want) {
+      slices = s;
+      break;
+    }
+    if (per_wave > best) {
+      best = per_wave;
+      slices = s;
     }
   }
   plan.slices = slices;
@@ -758,22 +754,24 @@ inline void launch_skinny(int smem, const LaunchPlan& plan, const SkinnyParams& 
 }
 
 template <auto kKernel, int kRowsPerCta, int kChunk, int kSmem>
-inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream, int forced_slices) {
-  const LaunchPlan plan = plan_launch(p, kRowsPerCta, kChunk, forced_slices, [&](int slices) {
+inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
+  const LaunchPlan plan = plan_launch(p, kRowsPerCta, kChunk, [&](int slices) {
     return resident_cluster_ctas<kKernel>(kSmem, slices);
   });
   launch_skinny<kKernel>(kSmem, plan, make_params(p, plan.slice_len), stream);
 }
 
-template <typename T, int kMTiles>
-inline void launch_mma(const ForwardProblem& p, cudaStream_t stream, int forced_slices) {
+// 128-row W tiles (kMTiles = 1): they measured faster than 256-row tiles on every bench shape.
+template <typename T>
+inline void launch_mma(const ForwardProblem& p, cudaStream_t stream) {
+  constexpr int kMTiles = 1;
   const int64_t rows = p.rows();
   const int n_tiles = rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
 #define VGA_SKINNY_MMA_CASE(NT)                                                            \
   case NT:                                                                                 \
     plan_and_launch<skinny_mma_kernel<T, kMTiles, NT>, MmaConfig<kMTiles, NT>::kRowsPerCta, \
                     MmaConfig<kMTiles, NT>::kChunk, MmaConfig<kMTiles, NT>::kSmem>(         \
-        p, stream, forced_slices);                                                         \
+        p, stream);                                                                        \
     break;
   switch (n_tiles) {
     VGA_SKINNY_MMA_CASE(1)
@@ -785,34 +783,14 @@ inline void launch_mma(const ForwardProblem& p, cudaStream_t stream, int forced_
 }
 
 // fp32 runs only up to kMaxFp32Rows rows (see skinny_refusal).
-inline void launch_fp32(const ForwardProblem& p, cudaStream_t stream, int forced_slices) {
+inline void launch_fp32(const ForwardProblem& p, cudaStream_t stream) {
   if (p.rows() > kMaxFp32Rows) return;  // refused by skinny_refusal; never launch a wrong tile
   if (p.rows() <= 8) {
     plan_and_launch<skinny_fp32_kernel<8>, SimtConfig<8>::kRowsPerCta, SimtConfig<8>::kChunk,
-                    SimtConfig<8>::kSmem>(p, stream, forced_slices);
+                    SimtConfig<8>::kSmem>(p, stream);
   } else {
     plan_and_launch<skinny_fp32_kernel<16>, SimtConfig<16>::kRowsPerCta, SimtConfig<16>::kChunk,
-                    SimtConfig<16>::kSmem>(p, stream, forced_slices);
-  }
-}
-
-// Entry with the tuning knobs exposed (harness): kMTiles 1 or 2 (128 / 256-row tiles, half types
-// only; 1 is what skinny_forward uses: it measured faster on every bench shape), slices 1, 2, 4,
-// 8 (0 = automatic; > 1 needs sm_90).
-template <int kMTiles = 1>
-inline void skinny_forward_with(const ForwardProblem& p, cudaStream_t stream, int forced_slices) {
-  switch (p.dtype) {
-    case DType::kBFloat16:
-      launch_mma<__nv_bfloat16, kMTiles>(p, stream, forced_slices);
-      break;
-    case DType::kFloat16:
-      launch_mma<__half, kMTiles>(p, stream, forced_slices);
-      break;
-    case DType::kFloat32:
-      launch_fp32(p, stream, forced_slices);
-      break;
-    default:
-      break;
+                    SimtConfig<16>::kSmem>(p, stream);
   }
 }
 
@@ -845,7 +823,16 @@ inline const char* skinny_refusal(const ForwardProblem& p) {
 }
 
 inline void skinny_forward(const ForwardProblem& p, cudaStream_t stream) {
-  skinny_detail::skinny_forward_with<1>(p, stream, 0);
+  switch (p.dtype) {
+    case DType::kBFloat16:
+      return skinny_detail::launch_mma<__nv_bfloat16>(p, stream);
+    case DType::kFloat16:
+      return skinny_detail::launch_mma<__half>(p, stream);
+    case DType::kFloat32:
+      return skinny_detail::launch_fp32(p, stream);
+    case DType::kFloat64:
+      return;  // refused by skinny_refusal
+  }
 }
 
 }  // namespace vga
