@@ -9,6 +9,7 @@
 #include "kernels/generic_gemm.cuh"
 #include "kernels/skinny.cuh"
 #include "kernels/sm90_gemm.cuh"
+#include "kernels/sm90_skinny.cuh"
 #include "kernels/tiny.cuh"
 #include "launch_context.h"
 
@@ -24,6 +25,7 @@ struct Family {
 // In preference order; generic, which accepts everything, comes last.
 constexpr Family kFamilies[] = {
     {"tiny", tiny_refusal, tiny_forward},
+    {"sm90_skinny", sm90_skinny_refusal, sm90_skinny_forward},
     {"skinny", skinny_refusal, skinny_forward},
     {"sm90_gemm", sm90_gemm_refusal, sm90_gemm_forward},
     {"generic", generic_refusal, generic_forward},

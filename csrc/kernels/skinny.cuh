@@ -276,7 +276,9 @@ __device__ __forceinline__ uint4 load_w_vector(const T* row, int k, int k_end, b
 // Sum the S partial tiles (S = gridDim.x, the CTAs of one cluster; 1 = this CTA alone), add the
 // bias, convert, store. `partial` is [kBPad][kRowsPerCta + 4] fp32 in every CTA; CTA rank q
 // finishes rows [q * kRowsPerCta / S, (q + 1) * kRowsPerCta / S) of the tile.
-template <typename T, int kRowsPerCta>
+// Every thread of the CTA (kThreadCount of them) takes part; only the epilogue fields of `p`
+// (out, bias, bias_stride, rows, out_features) are read.
+template <typename T, int kRowsPerCta, int kThreadCount = kThreads>
 __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t partial, int row0) {
   constexpr int kLd = kRowsPerCta + 4;
   const int slices = gridDim.x;
@@ -291,7 +293,7 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
   const int count = rows_per_rank * p.rows;
   T* out = static_cast<T*>(p.out);
   const T* bias = static_cast<const T*>(p.bias);
-  for (int e = threadIdx.x; e < count; e += kThreads) {
+  for (int e = threadIdx.x; e < count; e += kThreadCount) {
     const int b = e / rows_per_rank;
     const int row = my_first + (e - b * rows_per_rank);
     const int n = row0 + row;
@@ -703,7 +705,7 @@ inline void set_cluster_attribute(cudaLaunchAttribute* attribute, int slices) {
 // CTAs of kKernel resident at once as clusters of `slices` (cudaOccupancyMaxActiveClusters,
 // asked once per kernel, device and cluster size). slices == 1: no limit that matters (extra
 // CTAs form later waves, counted by the caller's own arithmetic only through waves = 1).
-template <auto kKernel>
+template <auto kKernel, int kThreadCount = kThreads>
 inline int64_t resident_cluster_ctas(int smem, int slices) {
   if (slices <= 1) return int64_t(1) << 40;
   static int cache[64][4] = {};  // [device][log2 slices]: 0 unknown, -1 query failed, else clusters
@@ -715,7 +717,7 @@ inline int64_t resident_cluster_ctas(int smem, int slices) {
     ensure_smem_limit<kKernel>(smem);
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(slices, 1, 1);
-    config.blockDim = dim3(kThreads, 1, 1);
+    config.blockDim = dim3(kThreadCount, 1, 1);
     config.dynamicSmemBytes = smem;
     cudaLaunchAttribute attribute[1];
     set_cluster_attribute(attribute, slices);

@@ -1,5 +1,5 @@
 // Hopper (sm_90a) building blocks as raw PTX: mbarriers, TMA bulk tensor loads,
-// wgmma shared-memory descriptors and the m64n256k16 wgmma itself, warpgroup
+// wgmma shared-memory descriptors, the m64n256k16 wgmma and the narrow m64n{16,32,64}k16 ones, warpgroup
 // register reallocation, plus the host-side tensor-map encoder lookup.
 //
 // Every device helper is only meaningful inside an sm_90a body; callers guard
@@ -193,6 +193,44 @@ __device__ __forceinline__ void wgmma_m64n256k16<__half>(float (&acc)[128], uint
 
 #undef VGA_WGMMA_M64N256K16
 #undef VGA_WGMMA_ACC_OPERANDS_16
+
+// acc[64 x N] = A[64 x 16] * B[N x 16]^T (+ acc), N = 16, 32 or 64 (N / 2 fp32 a thread),
+// both operands K-major in shared memory: the narrow-N wgmma of the skinny streaming kernel,
+// whose N is the batch rows. Every call accumulates (the caller zeroes acc first).
+template <int kN, typename Element>
+struct WgmmaM64;
+
+#define VGA_WGMMA_NARROW(N, TYPE, ELEMENT, REGS, DESCS, ...)                                     \
+  template <>                                                                                    \
+  struct WgmmaM64<N, ELEMENT> {                                                                  \
+    __device__ __forceinline__ static void run(float (&acc)[N / 2], uint64_t desc_a, uint64_t desc_b) { \
+      asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"                  \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS "}, " DESCS \
+                   ", accumulate, 1, 1, 0, 0;\n}\n"                                             \
+                   : __VA_ARGS__                                                                 \
+                   : "l"(desc_a), "l"(desc_b));                                                  \
+    }                                                                                            \
+  };
+#define VGA_ACC8(i)                                                                                   \
+  "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), \
+      "+f"(acc[i + 5]), "+f"(acc[i + 6]), "+f"(acc[i + 7])
+#define VGA_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define VGA_REGS16 VGA_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define VGA_REGS32 \
+  VGA_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+VGA_WGMMA_NARROW(16, "bf16", __nv_bfloat16, VGA_REGS8, "%8, %9", VGA_ACC8(0))
+VGA_WGMMA_NARROW(16, "f16", __half, VGA_REGS8, "%8, %9", VGA_ACC8(0))
+VGA_WGMMA_NARROW(32, "bf16", __nv_bfloat16, VGA_REGS16, "%16, %17", VGA_ACC8(0), VGA_ACC8(8))
+VGA_WGMMA_NARROW(32, "f16", __half, VGA_REGS16, "%16, %17", VGA_ACC8(0), VGA_ACC8(8))
+VGA_WGMMA_NARROW(64, "bf16", __nv_bfloat16, VGA_REGS32, "%32, %33", VGA_ACC8(0), VGA_ACC8(8),
+                 VGA_ACC8(16), VGA_ACC8(24))
+VGA_WGMMA_NARROW(64, "f16", __half, VGA_REGS32, "%32, %33", VGA_ACC8(0), VGA_ACC8(8),
+                 VGA_ACC8(16), VGA_ACC8(24))
+#undef VGA_REGS32
+#undef VGA_REGS16
+#undef VGA_REGS8
+#undef VGA_ACC8
+#undef VGA_WGMMA_NARROW
 
 // Two fp32 values rounded to the element type and packed into one 32-bit word (low = first).
 template <typename Element>

@@ -1,0 +1,249 @@
+// The "sm90_skinny" family: the skinny (decode, rows() <= 64) product on Hopper, streaming W
+// with TMA instead of per-thread loads. Like `skinny` it is bound by HBM: every W element is
+// used rows() times, so the kernel's job is to keep enough of W in flight to saturate HBM.
+// ncu on skinny (per-thread 16-byte loads into a register ring, one __syncthreads per 128-byte
+// chunk) measured 1.5-1.6 TB/s with 128 CTAs: the ring never held the bytes it was sized for.
+// Here one producer thread keeps the whole ring full with bulk copies (no registers spent on
+// bytes in flight, no CTA-wide barrier per chunk), and the tensor cores read shared memory.
+//
+// Tiling: the product is computed transposed, y^T = W x^T, so that the big dim (K, W's rows)
+// is wgmma's M and the few batch rows are its N:
+//   * A CTA owns 128 rows of W (two consumer warpgroups, one m64 each) times all batch rows
+//     (N = 16, 32 or 64: rows() rounded up; the TMA box zero-fills rows past the batch), over
+//     a slice of the reduction's k-blocks. k-blocks are (shard r, h0) pairs of 64 elements, so
+//     W and x are read through the same 3-D tensor maps as sm90_gemm ((H, R, K) and (H, rows,
+//     R)): one bulk copy each, zero-filled past H, and the concat is never materialised.
+//   * A stage is W's 128 x 64 block (16 KB) plus x's N x 64 block, 128-byte swizzled, both
+//     K-major: wgmma m64nNk16 with A = W, B = x straight from shared memory. As many stages as
+//     fit in 113 KB (4-6), so two CTAs can share an SM and 64-96 KB of W is in flight per CTA.
+//   * Warp 8 is the producer (one thread issues TMA); warps 0-7 consume and release each stage
+//     through a full/empty mbarrier ring.
+//   * Split-K over a thread-block cluster exactly as `skinny` does it (same launch plan, same
+//     deterministic DSMEM reduction of the fp32 partial tiles, same epilogue: + bias, coalesced
+//     stores along K), because K / 128 alone rarely fills 132 SMs at decode sizes.
+//
+// Refused (see sm90_skinny_refusal): anything sm90_gemm refuses (dtype not fp16/bf16, not
+// Hopper, H % 8, 16-byte alignment of x and W and their strides, sizes >= 2^31), more than 64
+// rows, and two batch dims that do not merge into one row stride.
+#pragma once
+
+#include <cstdint>
+
+#include "skinny.cuh"
+#include "sm90_gemm.cuh"
+#include "sm90_primitives.cuh"
+
+namespace vga {
+namespace sm90_skinny {
+
+constexpr int kBlockRows = 128;  // W rows per CTA: two consumer warpgroups x m64
+constexpr int kBlockK = 64;      // one 128-byte swizzle row of half elements
+constexpr int kConsumerThreads = 256;
+constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+constexpr int kWTileBytes = kBlockRows * kBlockK * 2;
+constexpr int kSwizzleAlignment = 1024;
+constexpr int kSharedBudget = 113 * 1024;  // two CTAs per SM (228 KB, 1 KB reserved per CTA)
+
+template <int kN>
+struct Config {
+  static constexpr int kXTileBytes = kN * kBlockK * 2;
+  static constexpr int kStageBytes = kWTileBytes + kXTileBytes;
+  static constexpr int kBarrierBytes = 2 * 8 * sizeof(uint64_t);  // room for up to 8 stages
+  static constexpr int kStages = (kSharedBudget - kSwizzleAlignment - kBarrierBytes) / kStageBytes;
+  static constexpr int kSharedBytes = kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes;
+  static constexpr int kPartialBytes = kN * (kBlockRows + 4) * 4;  // fp32 [kN][kBlockRows + 4]
+  static_assert(kStages >= 2 && kStages <= 8, "stage count out of range");
+  static_assert(kPartialBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
+  static_assert(kXTileBytes % kSwizzleAlignment == 0, "x tiles stay 1024-byte aligned");
+};
+
+struct StreamArgs {
+  skinny_detail::SkinnyParams epilogue;  // out, bias, bias_stride, rows, out_features
+  int kblocks_per_shard;
+  int num_kblocks;
+  int kblocks_per_slice;
+};
+
+template <typename Element, int kN>
+__global__ void __launch_bounds__(kThreads, 1)
+    skinny_stream_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                         const StreamArgs args) {
+#ifdef VGA_SM90A_DEVICE
+  using namespace sm90;
+  using Cfg = Config<kN>;
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(shared_raw) + kSwizzleAlignment - 1) & ~uintptr_t(kSwizzleAlignment - 1));
+  uint8_t* w_tiles = shared;
+  uint8_t* x_tiles = shared + Cfg::kStages * kWTileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + Cfg::kStages * Cfg::kStageBytes);
+  uint64_t* empty = full + Cfg::kStages;
+
+  const int row0 = blockIdx.y * kBlockRows;
+  const int first_kblock = blockIdx.x * args.kblocks_per_slice;
+  const int num_local = max(0, min(args.num_kblocks, first_kblock + args.kblocks_per_slice) - first_kblock);
+  const int warp = threadIdx.x / 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], kConsumerThreads / 32);  // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  float acc[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+
+  if (warp == kConsumerThreads / 32) {
+    if (threadIdx.x % 32 == 0) {
+      prefetch_tensor_map(&x_map);
+      prefetch_tensor_map(&w_map);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int i = 0; i < num_local; ++i) {
+        const int kb = first_kblock + i;
+        const int shard = kb / args.kblocks_per_shard;
+        const int h0 = (kb - shard * args.kblocks_per_shard) * kBlockK;
+        mbarrier_wait(&empty[stage], phase ^ 1);
+        mbarrier_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
+        tma_load_3d(w_tiles + stage * kWTileBytes, &w_map, &full[stage], h0, shard, row0);
+        tma_load_3d(x_tiles + stage * Cfg::kXTileBytes, &x_map, &full[stage], h0, 0, shard);
+        if (++stage == Cfg::kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+  } else {
+    const int consumer = warp / 4;  // warpgroup: W rows [64 * consumer, +64) of the tile
+    const bool warp_leader = threadIdx.x % 32 == 0;
+    int stage = 0;
+    uint32_t phase = 0;
+    int previous_stage = 0;
+    for (int i = 0; i < num_local; ++i) {
+      mbarrier_wait(&full[stage], phase);
+      const uint64_t desc_w = k_major_swizzle128_descriptor(w_tiles + stage * kWTileBytes + consumer * (kWTileBytes / 2));
+      const uint64_t desc_x = k_major_swizzle128_descriptor(x_tiles + stage * Cfg::kXTileBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        // +32 bytes per 16-element k step inside the swizzled row, in 16-byte units.
+        WgmmaM64<kN, Element>::run(acc, desc_w + 2 * kk, desc_x + 2 * kk);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<1>();
+      if (i > 0 && warp_leader) mbarrier_arrive(&empty[previous_stage]);
+      previous_stage = stage;
+      if (++stage == Cfg::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    wgmma_wait_group<0>();
+  }
+  __syncthreads();  // every stage is consumed: the ring becomes the partial tile
+
+  // Partial tile, transposed: partial[b][row], ld = kBlockRows + 4 (conflict-free writes).
+  constexpr int kLd = kBlockRows + 4;
+  float* partial = reinterpret_cast<float*>(shared);
+  if (warp < kConsumerThreads / 32) {
+    const int lane = threadIdx.x % 32;
+    const int row = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int b = j * 8 + 2 * (lane % 4) + e;
+          partial[b * kLd + row + 8 * half] = acc[4 * j + 2 * half + e];
+        }
+  }
+  skinny_detail::finish_tile<Element, kBlockRows, kThreads>(args.epilogue, smem_address(partial), row0);
+#else
+  __trap();
+#endif
+}
+
+// ------------------------------------------------------------------ host
+
+template <typename Element, int kN>
+inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
+  using Cfg = Config<kN>;
+  constexpr auto kKernel = skinny_stream_kernel<Element, kN>;
+  const CUtensorMapDataType type = sm90::tensor_map_type(p.dtype);
+  const int64_t H = p.shard_width;
+  const sm90::RowView rows = sm90::row_view(p);  // 3-D (checked by the refusal)
+
+  CUtensorMap x_map;
+  {
+    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(p.num_shards)};
+    const cuuint64_t strides[2] = {sm90::tma_byte_stride(rows.inner, rows.inner_stride, H),
+                                   sm90::tma_byte_stride(p.num_shards, p.x_stride_shard, H)};
+    const cuuint32_t box[3] = {kBlockK, kN, 1};
+    x_map = sm90::encode_swizzled_tensor_map(p.x, type, 3, dims, strides, box);
+  }
+  CUtensorMap w_map;
+  {
+    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(p.num_shards), cuuint64_t(p.out_features)};
+    const cuuint64_t strides[2] = {cuuint64_t(H * 2),
+                                   sm90::tma_byte_stride(p.out_features, p.weight_stride_out, H)};
+    const cuuint32_t box[3] = {kBlockK, 1, kBlockRows};
+    w_map = sm90::encode_swizzled_tensor_map(p.weight, type, 3, dims, strides, box);
+  }
+
+  StreamArgs args;
+  args.kblocks_per_shard = static_cast<int>(sm90::ceil_div(H, kBlockK));
+  args.num_kblocks = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
+  // The split: skinny's plan (slices chosen against the clusters that can be resident).
+  const skinny_detail::LaunchPlan plan =
+      skinny_detail::plan_launch(p, kBlockRows, kBlockK, [&](int slices) {
+        return skinny_detail::resident_cluster_ctas<kKernel, kThreads>(Cfg::kSharedBytes, slices);
+      });
+  args.kblocks_per_slice = static_cast<int>(sm90::ceil_div(args.num_kblocks, plan.slices));
+  args.epilogue = skinny_detail::make_params(p, 0);
+
+  skinny_detail::ensure_smem_limit<kKernel>(Cfg::kSharedBytes);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(plan.slices, plan.row_tiles, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = Cfg::kSharedBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  skinny_detail::set_cluster_attribute(attribute, plan.slices);
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kKernel, x_map, w_map, args);
+}
+
+template <typename Element>
+inline void launch_for_rows(const ForwardProblem& p, cudaStream_t stream) {
+  const int64_t rows = p.rows();
+  if (rows <= 16) return launch_stream<Element, 16>(p, stream);
+  if (rows <= 32) return launch_stream<Element, 32>(p, stream);
+  return launch_stream<Element, 64>(p, stream);
+}
+
+}  // namespace sm90_skinny
+
+inline const char* sm90_skinny_refusal(const ForwardProblem& p) {
+  if (p.rows() > skinny_detail::kMaxRows) return "more than 64 rows";
+  if (const char* why = sm90_gemm_refusal(p)) return why;
+  if (sm90::row_view(p).four_d) return "two batch dims that do not merge into one row stride";
+  if (sm90::ceil_div(p.out_features, sm90_skinny::kBlockRows) > 65535) return "too many row tiles (grid.y)";
+  if (p.sm_count < 1) return "unknown SM count";
+  return nullptr;
+}
+
+inline void sm90_skinny_forward(const ForwardProblem& p, cudaStream_t stream) {
+  if (p.dtype == DType::kBFloat16) {
+    sm90_skinny::launch_for_rows<__nv_bfloat16>(p, stream);
+  } else {
+    sm90_skinny::launch_for_rows<__half>(p, stream);
+  }
+}
+
+}  // namespace vga
