@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/generic_gemm.cuh"
+#include "kernels/simt_fp32.cuh"
 #include "kernels/skinny.cuh"
 #include "kernels/sm90_gemm.cuh"
 #include "kernels/sm90_skinny.cuh"
@@ -27,6 +28,7 @@ constexpr Family kFamilies[] = {
     {"tiny", tiny_refusal, tiny_forward},
     {"sm90_skinny", sm90_skinny_refusal, sm90_skinny_forward},
     {"skinny", skinny_refusal, skinny_forward},
+    {"simt_fp32", simt_fp32_refusal, simt_fp32_forward},
     {"sm90_gemm", sm90_gemm_refusal, sm90_gemm_forward},
     {"generic", generic_refusal, generic_forward},
 };
