@@ -23,6 +23,8 @@ inline int dtype_size(DType t) {
   return 0;
 }
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 struct ForwardProblem {
   const void* x;       // (R, B_outer, B_inner, H), last stride 1
   const void* weight;  // (K, R*H)

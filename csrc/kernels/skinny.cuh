@@ -734,25 +734,25 @@ inline int64_t resident_cluster_ctas(int smem, int slices) {
   return static_cast<int64_t>(clusters) * slices;
 }
 
-// Launch as a cluster of `slices` CTAs along grid x when slices > 1.
-template <auto kKernel>
-inline void launch_skinny(int smem, const LaunchPlan& plan, const SkinnyParams& params,
-                          cudaStream_t stream) {
+// Launch grid (slices, row_tiles) of kThreadCount-thread CTAs, as clusters of `slices` CTAs
+// along grid x when slices > 1 (sm90_skinny launches through this too).
+template <auto kKernel, int kThreadCount = kThreads, typename... Args>
+inline void launch_skinny(int smem, const LaunchPlan& plan, cudaStream_t stream, const Args&... args) {
   ensure_smem_limit<kKernel>(smem);
   if (plan.slices == 1) {
-    kKernel<<<dim3(1, plan.row_tiles, 1), kThreads, smem, stream>>>(params);
+    kKernel<<<dim3(1, plan.row_tiles, 1), kThreadCount, smem, stream>>>(args...);
     return;
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(plan.slices, plan.row_tiles, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
+  config.blockDim = dim3(kThreadCount, 1, 1);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   set_cluster_attribute(attribute, plan.slices);
   config.attrs = attribute;
   config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kKernel, params);
+  cudaLaunchKernelEx(&config, kKernel, args...);
 }
 
 template <auto kKernel, int kRowsPerCta, int kChunk, int kSmem>
@@ -760,7 +760,7 @@ inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
   const LaunchPlan plan = plan_launch(p, kRowsPerCta, kChunk, [&](int slices) {
     return resident_cluster_ctas<kKernel>(kSmem, slices);
   });
-  launch_skinny<kKernel>(kSmem, plan, make_params(p, plan.slice_len), stream);
+  launch_skinny<kKernel>(kSmem, plan, stream, make_params(p, plan.slice_len));
 }
 
 // 128-row W tiles (kMTiles = 1): they measured faster than 256-row tiles on every bench shape.

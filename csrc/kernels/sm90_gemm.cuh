@@ -83,8 +83,6 @@ inline RowView row_view(const ForwardProblem& p) {
   return {true, p.batch_outer, p.batch_inner, p.x_stride_outer, p.x_stride_inner};
 }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // ------------------------------------------------------------------ device
 
 #ifdef VGA_SM90A_DEVICE
@@ -435,11 +433,11 @@ inline const char* sm90_gemm_refusal(const ForwardProblem& p) {
   }
   if (p.weight_stride_out * 2 >= kMaxByteStride) return "weight row stride is >= 2^40 bytes";
 
-  const int64_t m_tiles = rows.outer * sm90::ceil_div(rows.inner, sm90::kBlockM);
+  const int64_t m_tiles = rows.outer * ceil_div(rows.inner, sm90::kBlockM);
   if (rows.four_d && m_tiles * sm90::kBlockM > 2 * p.rows())
     return "two unmergeable batch dims with the inner one too short for 128-row tiles";
-  if ((m_tiles + 1) * sm90::ceil_div(p.out_features, sm90::kBlockN) > kMaxCoordinate) return "too many output tiles";
-  if (sm90::ceil_div(p.shard_width, sm90::kBlockK) * p.num_shards > kMaxCoordinate) return "reduction too long";
+  if ((m_tiles + 1) * ceil_div(p.out_features, sm90::kBlockN) > kMaxCoordinate) return "too many output tiles";
+  if (ceil_div(p.shard_width, sm90::kBlockK) * p.num_shards > kMaxCoordinate) return "reduction too long";
   return nullptr;
 }
 

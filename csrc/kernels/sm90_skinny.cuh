@@ -196,27 +196,17 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   }
 
   StreamArgs args;
-  args.kblocks_per_shard = static_cast<int>(sm90::ceil_div(H, kBlockK));
+  args.kblocks_per_shard = static_cast<int>(ceil_div(H, kBlockK));
   args.num_kblocks = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
   // The split: skinny's plan (slices chosen against the clusters that can be resident).
   const skinny_detail::LaunchPlan plan =
       skinny_detail::plan_launch(p, kBlockRows, kBlockK, [&](int slices) {
         return skinny_detail::resident_cluster_ctas<kKernel, kThreads>(Cfg::kSharedBytes, slices);
       });
-  args.kblocks_per_slice = static_cast<int>(sm90::ceil_div(args.num_kblocks, plan.slices));
+  args.kblocks_per_slice = static_cast<int>(ceil_div(args.num_kblocks, plan.slices));
   args.epilogue = skinny_detail::make_params(p, 0);
 
-  skinny_detail::ensure_smem_limit<kKernel>(Cfg::kSharedBytes);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(plan.slices, plan.row_tiles, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = Cfg::kSharedBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  skinny_detail::set_cluster_attribute(attribute, plan.slices);
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kKernel, x_map, w_map, args);
+  skinny_detail::launch_skinny<kKernel, kThreads>(Cfg::kSharedBytes, plan, stream, x_map, w_map, args);
 }
 
 template <typename Element>
@@ -233,7 +223,7 @@ inline const char* sm90_skinny_refusal(const ForwardProblem& p) {
   if (p.rows() > skinny_detail::kMaxRows) return "more than 64 rows";
   if (const char* why = sm90_gemm_refusal(p)) return why;
   if (sm90::row_view(p).four_d) return "two batch dims that do not merge into one row stride";
-  if (sm90::ceil_div(p.out_features, sm90_skinny::kBlockRows) > 65535) return "too many row tiles (grid.y)";
+  if (ceil_div(p.out_features, sm90_skinny::kBlockRows) > 65535) return "too many row tiles (grid.y)";
   if (p.sm_count < 1) return "unknown SM count";
   return nullptr;
 }
