@@ -11,6 +11,7 @@
 #include "kernels/skinny.cuh"
 #include "kernels/sm90_gemm.cuh"
 #include "kernels/sm90_skinny.cuh"
+#include "kernels/sm90_tf32x3.cuh"
 #include "kernels/tiny.cuh"
 #include "launch_context.h"
 
@@ -28,6 +29,7 @@ constexpr Family kFamilies[] = {
     {"tiny", tiny_refusal, tiny_forward},
     {"sm90_skinny", sm90_skinny_refusal, sm90_skinny_forward},
     {"skinny", skinny_refusal, skinny_forward},
+    {"sm90_tf32x3", sm90_tf32x3_refusal, sm90_tf32x3_forward},
     {"simt_fp32", simt_fp32_refusal, simt_fp32_forward},
     {"sm90_gemm", sm90_gemm_refusal, sm90_gemm_forward},
     {"generic", generic_refusal, generic_forward},

@@ -289,6 +289,32 @@ def test_each_family_propagates_nan_and_inf(family, dtype, shape):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_each_family_multiplies_inf_as_f_linear_does(family, dtype):
+    # inf times a value exact in TF32 (a naive 3xTF32 split gives it a zero low half, and
+    # inf * 0 = NaN), times 0, and times +-inf at the same reduction index.
+    R, batch, H, K = 2, (40,), 64, 72
+    x = make_x(R, batch, H, dtype, "cuda")
+    w, b = make_params(R, H, K, dtype, "cuda")
+    w[:, H + 5] = 0.5
+    w[3, H + 5] = 0.0
+    w[4, H + 5] = float("inf")
+    w[6, H + 5] = float("-inf")
+    x[1, 7, 5] = float("inf")
+    x[1, 9, 5] = float("-inf")
+    out, refusal = _family_refuses(x, w, b, family)
+    if out is None:
+        pytest.skip(refusal)
+    ref = vga_linear.reference.gather_concat_linear_float64(x, w, b)
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.isposinf(), ref.isposinf()) and torch.equal(out.isneginf(), ref.isneginf())
+    finite = ref.isfinite()
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double()[finite], ref[finite], atol=tol, rtol=tol)
+
+
+@pytest.mark.cuda
 def test_kernel_families_match_the_extension():
     x = make_x(2, (3,), 8, torch.float32, "cuda")
     w, b = make_params(2, 8, 4, torch.float32, "cuda")

@@ -25,7 +25,7 @@ SCHEMAS = {
 }
 # The CUDA kernel families, in csrc/gather_concat_linear.cu's preference order; the private
 # op vga::_gather_concat_linear_family(x, weight, bias, name) runs one of them by name.
-KERNEL_FAMILIES = ("tiny", "sm90_skinny", "skinny", "simt_fp32", "sm90_gemm", "generic")
+KERNEL_FAMILIES = ("tiny", "sm90_skinny", "skinny", "sm90_tf32x3", "simt_fp32", "sm90_gemm", "generic")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _DTYPE_NAMES = "float32, float16, bfloat16 and float64"
 

@@ -318,13 +318,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ------------------------------------------------------------------ host
 
 inline CUtensorMapDataType tensor_map_type(DType t) {
+  if (t == DType::kFloat32) return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   return t == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
 // Bytes between consecutive entries of a dim; a dim of extent 1 is never stepped,
 // so it gets the dense row size (any 16-byte multiple would do).
-inline cuuint64_t tma_byte_stride(int64_t extent, int64_t stride_elements, int64_t shard_width) {
-  return static_cast<cuuint64_t>(extent == 1 ? shard_width * 2 : stride_elements * 2);
+inline cuuint64_t tma_byte_stride(int64_t extent, int64_t stride_elements, int64_t shard_width, DType t) {
+  return static_cast<cuuint64_t>((extent == 1 ? shard_width : stride_elements) * dtype_size(t));
 }
 
 template <typename Element>
@@ -339,21 +340,21 @@ inline void launch_gather_concat_gemm(const ForwardProblem& p, cudaStream_t stre
     if (rows.four_d) {
       const cuuint64_t dims[4] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(rows.outer),
                                   cuuint64_t(p.num_shards)};
-      const cuuint64_t strides[3] = {tma_byte_stride(rows.inner, rows.inner_stride, H),
-                                     tma_byte_stride(rows.outer, rows.outer_stride, H),
-                                     tma_byte_stride(p.num_shards, p.x_stride_shard, H)};
+      const cuuint64_t strides[3] = {tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
+                                     tma_byte_stride(rows.outer, rows.outer_stride, H, p.dtype),
+                                     tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
       x_map = encode_swizzled_tensor_map(p.x, type, 4, dims, strides, box);
     } else {
       const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(p.num_shards)};
-      const cuuint64_t strides[2] = {tma_byte_stride(rows.inner, rows.inner_stride, H),
-                                     tma_byte_stride(p.num_shards, p.x_stride_shard, H)};
+      const cuuint64_t strides[2] = {tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
+                                     tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
       x_map = encode_swizzled_tensor_map(p.x, type, 3, dims, strides, box);
     }
   }
   CUtensorMap w_map;
   {
     const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(p.num_shards), cuuint64_t(p.out_features)};
-    const cuuint64_t strides[2] = {cuuint64_t(H * 2), tma_byte_stride(p.out_features, p.weight_stride_out, H)};
+    const cuuint64_t strides[2] = {cuuint64_t(H * dtype_size(p.dtype)), tma_byte_stride(p.out_features, p.weight_stride_out, H, p.dtype)};
     const cuuint32_t box[3] = {kBlockK, 1, kBlockN / kClusterM};
     w_map = encode_swizzled_tensor_map(p.weight, type, 3, dims, strides, box);
   }
@@ -408,34 +409,52 @@ inline void launch_gather_concat_gemm(const ForwardProblem& p, cudaStream_t stre
 
 }  // namespace sm90
 
-inline const char* sm90_gemm_refusal(const ForwardProblem& p) {
+namespace sm90 {
+
+// What the TMA views of x and W (dims (H, rows, R) or (H, inner, outer, R), and (H, R, K))
+// need, for any element type: a Hopper GPU, 16-byte aligned bases and strides, coordinates
+// below 2^31, byte strides below 2^40, and 128-row tiles that a 4-D view does not mostly waste.
+inline const char* tma_view_refusal(const ForwardProblem& p) {
   constexpr int64_t kMaxCoordinate = (int64_t(1) << 31) - 1;
   constexpr int64_t kMaxByteStride = int64_t(1) << 40;
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype is not fp16/bf16";
+  const int64_t element_bytes = dtype_size(p.dtype);
+  const int64_t per_16_bytes = 16 / element_bytes;
   if (p.cc_major != 9) return "needs an sm_90 (Hopper) GPU";
   if (p.rows() <= 0 || p.out_features <= 0 || p.num_shards <= 0 || p.shard_width <= 0) return "empty problem";
-  if (p.shard_width % 8 != 0) return "H % 8 != 0 (TMA needs 16-byte strides)";
+  if (p.shard_width % per_16_bytes != 0) return "H * element size is not a multiple of 16 bytes (TMA strides)";
   if (p.weight_stride_in != 1) return "weight's input dim is not contiguous";
-  if (p.weight_stride_out % 8 != 0) return "weight row stride is not a multiple of 16 bytes";
+  if (p.weight_stride_out % per_16_bytes != 0) return "weight row stride is not a multiple of 16 bytes";
   if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.weight) % 16 != 0)
     return "x or weight is not 16-byte aligned";
   if (p.num_shards > kMaxCoordinate || p.shard_width > kMaxCoordinate || p.out_features > kMaxCoordinate ||
       p.batch_outer > kMaxCoordinate || p.batch_inner > kMaxCoordinate)
     return "a dimension is >= 2^31";
 
-  const sm90::RowView rows = sm90::row_view(p);
-  const int64_t used_strides[3] = {rows.inner > 1 ? rows.inner_stride : 8, rows.outer > 1 ? rows.outer_stride : 8,
-                                   p.num_shards > 1 ? p.x_stride_shard : 8};
+  const RowView rows = row_view(p);
+  const int64_t used_strides[3] = {rows.inner > 1 ? rows.inner_stride : per_16_bytes,
+                                   rows.outer > 1 ? rows.outer_stride : per_16_bytes,
+                                   p.num_shards > 1 ? p.x_stride_shard : per_16_bytes};
   for (int64_t stride : used_strides) {
     if (stride <= 0) return "x has a broadcast (stride 0) dim";
-    if (stride % 8 != 0) return "an x stride is not a multiple of 16 bytes";
-    if (stride * 2 >= kMaxByteStride) return "an x stride is >= 2^40 bytes";
+    if (stride % per_16_bytes != 0) return "an x stride is not a multiple of 16 bytes";
+    if (stride * element_bytes >= kMaxByteStride) return "an x stride is >= 2^40 bytes";
   }
-  if (p.weight_stride_out * 2 >= kMaxByteStride) return "weight row stride is >= 2^40 bytes";
+  if (p.weight_stride_out * element_bytes >= kMaxByteStride) return "weight row stride is >= 2^40 bytes";
 
-  const int64_t m_tiles = rows.outer * ceil_div(rows.inner, sm90::kBlockM);
-  if (rows.four_d && m_tiles * sm90::kBlockM > 2 * p.rows())
+  const int64_t m_tiles = rows.outer * ceil_div(rows.inner, kBlockM);
+  if (rows.four_d && m_tiles * kBlockM > 2 * p.rows())
     return "two unmergeable batch dims with the inner one too short for 128-row tiles";
+  return nullptr;
+}
+
+}  // namespace sm90
+
+inline const char* sm90_gemm_refusal(const ForwardProblem& p) {
+  constexpr int64_t kMaxCoordinate = (int64_t(1) << 31) - 1;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype is not fp16/bf16";
+  if (const char* why = sm90::tma_view_refusal(p)) return why;
+  const sm90::RowView rows = sm90::row_view(p);
+  const int64_t m_tiles = rows.outer * ceil_div(rows.inner, sm90::kBlockM);
   if ((m_tiles + 1) * ceil_div(p.out_features, sm90::kBlockN) > kMaxCoordinate) return "too many output tiles";
   if (ceil_div(p.shard_width, sm90::kBlockK) * p.num_shards > kMaxCoordinate) return "reduction too long";
   return nullptr;

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) building blocks as raw PTX: mbarriers, TMA bulk tensor loads,
-// wgmma shared-memory descriptors, the m64n256k16 wgmma and the narrow m64n{16,32,64}k16 ones, warpgroup
-// register reallocation, plus the host-side tensor-map encoder lookup.
+// wgmma shared-memory descriptors, the m64n256k16 wgmma, the narrow m64n{16,32,64}k16 ones, the
+// m64n64k8 TF32 one, warpgroup register reallocation, plus the host-side tensor-map encoder lookup.
 //
 // Every device helper is only meaningful inside an sm_90a body; callers guard
 // their kernels with `#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)`
@@ -140,6 +140,12 @@ __device__ __forceinline__ uint64_t k_major_swizzle128_descriptor(const void* ti
   return start | (1ull << 16) | (uint64_t(1024 >> 4) << 32) | (1ull << 62);
 }
 
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy reads
+// (wgmma operands, TMA) of the same bytes, once a barrier hands them over.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPendingGroups>
@@ -226,6 +232,28 @@ VGA_WGMMA_NARROW(64, "bf16", __nv_bfloat16, VGA_REGS32, "%32, %33", VGA_ACC8(0),
                  VGA_ACC8(16), VGA_ACC8(24))
 VGA_WGMMA_NARROW(64, "f16", __half, VGA_REGS32, "%32, %33", VGA_ACC8(0), VGA_ACC8(8),
                  VGA_ACC8(16), VGA_ACC8(24))
+
+// acc[64 x N] = A[64 x 8] * B[N x 8]^T (+ acc when `accumulate` != 0) on TF32 operands, N = 64
+// (N / 2 fp32 a thread), both K-major in shared memory (TF32 has no transposed form).
+// A k8 step of fp32 is 32 bytes, as a k16 step of half elements is: descriptors advance alike.
+template <int kN>
+struct WgmmaTf32M64;
+
+#define VGA_WGMMA_TF32(N, REGS, DESC_A, DESC_B, ACCUMULATE, ...)                                     \
+  template <>                                                                                        \
+  struct WgmmaTf32M64<N> {                                                                           \
+    __device__ __forceinline__ static void run(float (&acc)[N / 2], uint64_t desc_a, uint64_t desc_b,  \
+                                               uint32_t accumulate) {                                \
+      asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, " ACCUMULATE ", 0;\n"         \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, " DESC_A ", " \
+                   DESC_B ", accumulate, 1, 1;\n}\n"                                                 \
+                   : __VA_ARGS__                                                                     \
+                   : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                     \
+    }                                                                                                \
+  };
+VGA_WGMMA_TF32(64, VGA_REGS32, "%32", "%33", "%34", VGA_ACC8(0), VGA_ACC8(8), VGA_ACC8(16), VGA_ACC8(24))
+#undef VGA_WGMMA_TF32
+
 #undef VGA_REGS32
 #undef VGA_REGS16
 #undef VGA_REGS8
@@ -270,7 +298,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-// A tiled tensor map with 128-byte swizzle over a half-precision tensor.
+// A tiled tensor map with 128-byte swizzle over a 16- or 32-bit tensor.
 // dims/strides innermost first; strides in bytes for dims 1.. (dim 0 is dense).
 inline CUtensorMap encode_swizzled_tensor_map(const void* base, CUtensorMapDataType type, int rank,
                                               const cuuint64_t* dims, const cuuint64_t* byte_strides,

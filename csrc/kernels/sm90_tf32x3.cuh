@@ -1,0 +1,344 @@
+// The "sm90_tf32x3" family: fp32 y = cat(x[0..R-1], -1) @ W^T + bias on Hopper's tensor cores
+// at fp32 accuracy ("3xTF32"), without materialising the concat.
+//
+// Precision. Each fp32 operand v is split as v = big + small: big is a TF32 value strictly
+// between 0 and v (v's low 13 mantissa bits cleared, or one TF32 ulp less when they are already
+// clear), small = v - big, exact in fp32 and of v's sign, |small| <= 2^-10 |v|. Then
+// a*b ~ big_a*big_b + big_a*small_b + small_a*big_b; the dropped small_a*small_b is <= 2^-20 |a*b|.
+// Because big and small are never 0 for a finite v != 0 and both carry v's sign, no product is
+// 0 * inf unless F.linear's is, and inf and NaN come out as F.linear gives them (split_tf32).
+// (One exception: a subnormal times inf, which TF32 may see as 0 * inf = NaN.)
+// Tensor cores add into their fp32 accumulator by truncation, so one long wgmma chain drifts
+// with the reduction length (an earlier mma.sync version was off by 2e-4 at R*H = 8192). Here
+// every k-block (32 deep, 12 wgmmas) goes into a fresh accumulator that is then added to the
+// running fp32 sum with a rounded FADD: the truncation error is one k-block's, whatever R*H is.
+//
+// Tiling: a 128 x 64 output tile per CTA, k-blocks of 32 fp32 (one 128-byte swizzle row), read
+// by TMA through the same 3-D / 4-D views of x and W as sm90_gemm (no concat,
+// zero fill past H, the batch rows and K). Warp roles:
+//   * warp 0: one thread issues the TMA copies of x's 128 x 32 and W's BN x 32 block per stage;
+//   * warps 1-3: split each landed stage in place (big overwrites the raw tile, small goes into
+//     a tile of the same layout beside it: the split is element-wise, so the swizzle is kept);
+//   * warpgroups 1-2: 64 rows each, 3 wgmma m64n64k8 per k8 step from shared memory into a
+//     k-block accumulator, added to the fp32 sum once retired; then the epilogue (+ bias, paired
+//     8-byte stores).
+// 128 x 64 tiles fill the GPU at 1024 x 1024 outputs (128 CTAs), and 64 columns keep the sum
+// and the k-block accumulator (64 fp32 a thread) well inside a 384-thread CTA's 168 registers. Ring: full (TMA landed) -> split (halves written) -> empty
+// (wgmmas retired), 4 stages of 48 KB. One tile per CTA, tiles walked in groups of 8 row tiles
+// so the CTAs in flight share x and W panels in L2.
+//
+// Refused (see sm90_tf32x3_refusal): dtype other than fp32, and anything the TMA views refuse
+// (not Hopper, H % 4, 16-byte alignment of x, W and their strides, sizes >= 2^31).
+#pragma once
+
+#include <cstdint>
+
+#include "problem.cuh"
+#include "skinny.cuh"
+#include "sm90_gemm.cuh"
+#include "sm90_primitives.cuh"
+
+namespace vga {
+namespace sm90_tf32x3 {
+
+constexpr int kBlockM = 128;  // two consumer warpgroups x m64
+constexpr int kBlockN = 64;
+constexpr int kBlockK = 32;  // fp32 elements in one 128-byte swizzle row
+constexpr int kThreads = 384;
+constexpr int kSplitterThreads = 96;  // warps 1-3
+constexpr int kGroupM = 8;
+constexpr int kStages = 4;
+constexpr int kSwizzleAlignment = 1024;
+// A stage: [A big | B big | A small | B small]; the first half is what TMA writes.
+constexpr int kATileBytes = kBlockM * kBlockK * 4;
+constexpr int kBTileBytes = kBlockN * kBlockK * 4;
+constexpr int kRawBytes = kATileBytes + kBTileBytes;
+constexpr int kStageBytes = 2 * kRawBytes;
+constexpr int kBarrierBytes = 3 * kStages * sizeof(uint64_t);
+constexpr int kSharedBytes = kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes;
+static_assert(kBTileBytes % kSwizzleAlignment == 0, "every tile stays 1024-byte aligned");
+
+struct Args {
+  float* out;
+  const float* bias;  // nullptr when absent
+  int64_t bias_stride;
+  int rows_inner;   // rows per outer batch index (all rows when x is a 3-D view)
+  int inner_tiles;  // ceil(rows_inner / kBlockM)
+  int m_tiles;
+  int n_tiles;
+  int out_features;
+  int kblocks_per_shard;
+  int num_kblocks;
+  int a_is_4d;
+};
+
+#ifdef VGA_SM90A_DEVICE
+
+// v = big + small as described at the top; bits in, bits out. big = v minus its low 13 bits, or
+// minus one TF32 ulp when those are 0 (towards zero: the bits are sign-magnitude); 0 stays 0.
+// inf becomes the largest finite TF32 plus small = inf, and NaN leaves small a NaN, so every
+// product that meets them comes out as F.linear's: inf * finite-non-zero = inf with the right
+// sign, inf * 0 = NaN, NaN * anything = NaN.
+__device__ __forceinline__ void split_tf32(uint32_t v, uint32_t& big, uint32_t& small) {
+  const uint32_t low = v & 0x1fffu;
+  const uint32_t step = low != 0 ? low : ((v & 0x7fffffffu) != 0 ? 0x2000u : 0u);
+  big = v - step;
+  small = __float_as_uint(__uint_as_float(v) - __uint_as_float(big));
+}
+
+// Warps 1-3: one stage's raw tiles (kRawBytes) become big in place and small beside them.
+// Each thread's 16 vectors go in batches of 8 loads, so 8 shared-memory round trips overlap.
+__device__ __forceinline__ void split_stage(uint8_t* stage, int splitter) {
+  constexpr int kVectors = kRawBytes / 16 / kSplitterThreads;
+  constexpr int kBatch = 8;
+  static_assert(kRawBytes / 16 % kSplitterThreads == 0 && kVectors % kBatch == 0, "whole batches");
+  const uint32_t first = sm90::smem_address(stage) + 16 * splitter;
+#pragma unroll
+  for (int batch = 0; batch < kVectors; batch += kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) v[j] = skinny_detail::load_shared16(first + 16 * kSplitterThreads * (batch + j));
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const uint32_t at = first + 16 * kSplitterThreads * (batch + j);
+      uint4 b, s;
+      split_tf32(v[j].x, b.x, s.x);
+      split_tf32(v[j].y, b.y, s.y);
+      split_tf32(v[j].z, b.z, s.z);
+      split_tf32(v[j].w, b.w, s.w);
+      skinny_detail::store_shared16(at, b);
+      skinny_detail::store_shared16(at + kRawBytes, s);
+    }
+  }
+}
+
+// The three TF32 products of one k-block into `part`, which starts from zero.
+__device__ __forceinline__ void mma_kblock(float (&part)[kBlockN / 2], uint8_t* stage, int consumer) {
+  using Mma = sm90::WgmmaTf32M64<kBlockN>;
+  const int a_rows = consumer * (kATileBytes / 2);
+  const uint64_t a_big = sm90::k_major_swizzle128_descriptor(stage + a_rows);
+  const uint64_t a_small = sm90::k_major_swizzle128_descriptor(stage + kRawBytes + a_rows);
+  const uint64_t b_big = sm90::k_major_swizzle128_descriptor(stage + kATileBytes);
+  const uint64_t b_small = sm90::k_major_swizzle128_descriptor(stage + kRawBytes + kATileBytes);
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 8; ++kk) {
+    // +32 bytes per k8 step inside the swizzled row, in 16-byte units.
+    Mma::run(part, a_small + 2 * kk, b_big + 2 * kk, kk != 0);
+    Mma::run(part, a_big + 2 * kk, b_small + 2 * kk, 1);
+    Mma::run(part, a_big + 2 * kk, b_big + 2 * kk, 1);
+  }
+}
+
+// One consumer warpgroup's 64 x 64 block (+ bias), fp32, paired stores when K is even.
+__device__ __forceinline__ void store_block(const float (&acc)[kBlockN / 2], const Args& a, int outer, int inner0,
+                                            int n0, int consumer, int thread_in_wg) {
+  const int warp = thread_in_wg / 32;
+  const int lane = thread_in_wg % 32;
+  const int row_in_tile = consumer * 64 + warp * 16 + lane / 4;
+  const bool paired = a.out_features % 2 == 0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int inner = inner0 + row_in_tile + 8 * half;
+    if (inner >= a.rows_inner) continue;
+    float* out_row = a.out + (static_cast<int64_t>(outer) * a.rows_inner + inner) * a.out_features;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int n = n0 + j * 8 + 2 * (lane % 4);
+      if (n >= a.out_features) continue;
+      float v0 = acc[4 * j + 2 * half];
+      float v1 = acc[4 * j + 2 * half + 1];
+      if (a.bias != nullptr) {
+        v0 += a.bias[static_cast<int64_t>(n) * a.bias_stride];
+        if (n + 1 < a.out_features) v1 += a.bias[static_cast<int64_t>(n + 1) * a.bias_stride];
+      }
+      if (paired) {
+        *reinterpret_cast<float2*>(out_row + n) = make_float2(v0, v1);
+      } else {
+        out_row[n] = v0;
+        if (n + 1 < a.out_features) out_row[n + 1] = v1;
+      }
+    }
+  }
+}
+
+#endif  // VGA_SM90A_DEVICE
+
+__global__ void __launch_bounds__(kThreads, 1)
+    tf32x3_gemm_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                       const Args args) {
+#ifdef VGA_SM90A_DEVICE
+  using namespace sm90;
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(shared_raw) + kSwizzleAlignment - 1) & ~uintptr_t(kSwizzleAlignment - 1));
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + kStages * kStageBytes);
+  uint64_t* split = full + kStages;
+  uint64_t* empty = split + kStages;
+
+  // Grouped raster: kGroupM row tiles x all column tiles, column-major within a group.
+  const int tiles_per_group = kGroupM * args.n_tiles;
+  const int first_m = static_cast<int>(blockIdx.x) / tiles_per_group * kGroupM;
+  const int group_rows = min(args.m_tiles - first_m, kGroupM);
+  const int in_group = static_cast<int>(blockIdx.x) % tiles_per_group;
+  const int m_tile = first_m + in_group % group_rows;
+  const int n0 = in_group / group_rows * kBlockN;
+  const int outer = m_tile / args.inner_tiles;
+  const int inner0 = (m_tile - outer * args.inner_tiles) * kBlockM;
+
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&split[s], kSplitterThreads / 32);  // one arrival per splitter warp
+      mbarrier_init(&empty[s], 8);                      // one arrival per consumer warp
+    }
+    fence_barrier_init();
+    prefetch_tensor_map(&x_map);
+    prefetch_tensor_map(&w_map);
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    int stage = 0;
+    uint32_t phase = 0;
+    if (warp == 0) {
+      if (threadIdx.x == 0) {
+        for (int kb = 0; kb < args.num_kblocks; ++kb) {
+          const int shard = kb / args.kblocks_per_shard;
+          const int h0 = (kb - shard * args.kblocks_per_shard) * kBlockK;
+          uint8_t* dst = shared + stage * kStageBytes;
+          mbarrier_wait(&empty[stage], phase ^ 1);
+          mbarrier_arrive_expect_tx(&full[stage], kRawBytes);
+          if (args.a_is_4d) {
+            tma_load_4d(dst, &x_map, &full[stage], h0, inner0, outer, shard);
+          } else {
+            tma_load_3d(dst, &x_map, &full[stage], h0, inner0, shard);
+          }
+          tma_load_3d(dst + kATileBytes, &w_map, &full[stage], h0, shard, n0);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    } else {
+      const int splitter = threadIdx.x - 32;
+      for (int kb = 0; kb < args.num_kblocks; ++kb) {
+        mbarrier_wait(&full[stage], phase);
+        split_stage(shared + stage * kStageBytes, splitter);
+        fence_proxy_async_shared();  // the halves are read by wgmma (the async proxy)
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) mbarrier_arrive(&split[stage]);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+  } else {
+    const int consumer = warp / 4 - 1;
+    const bool warp_leader = threadIdx.x % 32 == 0;
+    float sum[kBlockN / 2];
+    float part[kBlockN / 2];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) sum[i] = 0.f;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int kb = 0; kb < args.num_kblocks; ++kb) {
+      mbarrier_wait(&split[stage], phase);
+      wgmma_fence();
+      mma_kblock(part, shared + stage * kStageBytes, consumer);
+      wgmma_commit_group();
+      // Drained every k-block: ptxas serialises every wgmma of a chain whose accumulators are read
+      // while another wgmma group is in flight, so the sum cannot overlap the next k-block's MMAs
+      // within a warpgroup; the other consumer warpgroup keeps the tensor cores busy meanwhile.
+      wgmma_wait_group<0>();
+      if (warp_leader) mbarrier_arrive(&empty[stage]);
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) sum[i] += part[i];
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    store_block(sum, args, outer, inner0, n0, consumer, threadIdx.x % 128);
+  }
+#else
+  __trap();
+#endif
+}
+
+// ------------------------------------------------------------------ host
+
+inline void launch(const ForwardProblem& p, cudaStream_t stream) {
+  const sm90::RowView rows = sm90::row_view(p);
+  const CUtensorMapDataType type = sm90::tensor_map_type(p.dtype);
+  const int64_t H = p.shard_width;
+
+  CUtensorMap x_map;
+  if (rows.four_d) {
+    const cuuint32_t box[4] = {kBlockK, kBlockM, 1, 1};
+    const cuuint64_t dims[4] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(rows.outer),
+                                cuuint64_t(p.num_shards)};
+    const cuuint64_t strides[3] = {sm90::tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
+                                   sm90::tma_byte_stride(rows.outer, rows.outer_stride, H, p.dtype),
+                                   sm90::tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
+    x_map = sm90::encode_swizzled_tensor_map(p.x, type, 4, dims, strides, box);
+  } else {
+    const cuuint32_t box[3] = {kBlockK, kBlockM, 1};
+    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(p.num_shards)};
+    const cuuint64_t strides[2] = {sm90::tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
+                                   sm90::tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
+    x_map = sm90::encode_swizzled_tensor_map(p.x, type, 3, dims, strides, box);
+  }
+  CUtensorMap w_map;
+  {
+    const cuuint32_t box[3] = {kBlockK, 1, kBlockN};
+    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(p.num_shards), cuuint64_t(p.out_features)};
+    const cuuint64_t strides[2] = {cuuint64_t(H * 4),
+                                   sm90::tma_byte_stride(p.out_features, p.weight_stride_out, H, p.dtype)};
+    w_map = sm90::encode_swizzled_tensor_map(p.weight, type, 3, dims, strides, box);
+  }
+
+  Args args;
+  args.out = static_cast<float*>(p.out);
+  args.bias = static_cast<const float*>(p.bias);
+  args.bias_stride = p.bias_stride;
+  args.rows_inner = static_cast<int>(rows.inner);
+  args.inner_tiles = static_cast<int>(ceil_div(rows.inner, kBlockM));
+  args.m_tiles = static_cast<int>(rows.outer * args.inner_tiles);
+  args.n_tiles = static_cast<int>(ceil_div(p.out_features, kBlockN));
+  args.out_features = static_cast<int>(p.out_features);
+  args.kblocks_per_shard = static_cast<int>(ceil_div(H, kBlockK));
+  args.num_kblocks = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
+  args.a_is_4d = rows.four_d ? 1 : 0;
+
+  static const bool configured = [] {
+    const cudaError_t status =
+        cudaFuncSetAttribute(tf32x3_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
+    STD_TORCH_CHECK(status == cudaSuccess, "vga sm90_tf32x3: cannot reserve ", kSharedBytes,
+                    " bytes of shared memory: ", cudaGetErrorString(status));
+    return true;
+  }();
+  (void)configured;
+  // The group raster ends on a partial group: grid = all tiles, every CTA maps to one of them.
+  const int64_t tiles = static_cast<int64_t>(args.m_tiles) * args.n_tiles;
+  tf32x3_gemm_kernel<<<static_cast<unsigned>(tiles), kThreads, kSharedBytes, stream>>>(x_map, w_map, args);
+}
+
+}  // namespace sm90_tf32x3
+
+inline const char* sm90_tf32x3_refusal(const ForwardProblem& p) {
+  if (p.dtype != DType::kFloat32) return "dtype is not float32";
+  if (const char* why = sm90::tma_view_refusal(p)) return why;
+  const sm90::RowView rows = sm90::row_view(p);
+  const int64_t m_tiles = rows.outer * ceil_div(rows.inner, sm90_tf32x3::kBlockM);
+  if ((m_tiles + 1) * (ceil_div(p.out_features, sm90_tf32x3::kBlockN) + 1) * sm90_tf32x3::kGroupM > INT32_MAX)
+    return "too many output tiles";
+  if (ceil_div(p.shard_width, sm90_tf32x3::kBlockK) * p.num_shards > INT32_MAX) return "reduction too long";
+  return nullptr;
+}
+
+inline void sm90_tf32x3_forward(const ForwardProblem& p, cudaStream_t stream) { sm90_tf32x3::launch(p, stream); }
+
+}  // namespace vga
