@@ -254,11 +254,31 @@ struct WgmmaTf32M64;
 VGA_WGMMA_TF32(64, VGA_REGS32, "%32", "%33", "%34", VGA_ACC8(0), VGA_ACC8(8), VGA_ACC8(16), VGA_ACC8(24))
 #undef VGA_WGMMA_TF32
 
+// The same with A in registers: per warp w of the warpgroup and lane (g = lane / 4, t = lane % 4),
+// a[0..3] = A[16w + g][t], A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4].
+__device__ __forceinline__ void wgmma_tf32_m64n64k8_register_a(float (&acc)[32], const uint32_t (&a)[4],
+                                                               uint64_t desc_b, uint32_t accumulate) {
+  asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" VGA_REGS32 "}, {%32, %33, %34, %35}, %36, "
+               "accumulate, 1, 1;\n}\n"
+               : VGA_ACC8(0), VGA_ACC8(8), VGA_ACC8(16), VGA_ACC8(24)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
 #undef VGA_REGS32
 #undef VGA_REGS16
 #undef VGA_REGS8
 #undef VGA_ACC8
 #undef VGA_WGMMA_NARROW
+
+// Four 8 x 8 matrices of 16-bit elements (each row 16 bytes at the address lane 8i + r gives
+// for row r of matrix i); lane (g = lane / 4, t = lane % 4) receives row g, 32-bit word t of
+// each. With 4-byte elements, that is the (row, column) = (g, t) element of four 8 x 4 blocks.
+__device__ __forceinline__ void load_matrix_x4(uint32_t (&v)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(address));
+}
 
 // Two fp32 values rounded to the element type and packed into one 32-bit word (low = first).
 template <typename Element>

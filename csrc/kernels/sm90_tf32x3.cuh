@@ -14,18 +14,24 @@
 // running fp32 sum with a rounded FADD: the truncation error is one k-block's, whatever R*H is.
 //
 // Tiling: a 128 x 64 output tile per CTA, k-blocks of 32 fp32 (one 128-byte swizzle row), read
-// by TMA through the same 3-D / 4-D views of x and W as sm90_gemm (no concat,
-// zero fill past H, the batch rows and K). Warp roles:
-//   * warp 0: one thread issues the TMA copies of x's 128 x 32 and W's BN x 32 block per stage;
-//   * warps 1-3: split each landed stage in place (big overwrites the raw tile, small goes into
-//     a tile of the same layout beside it: the split is element-wise, so the swizzle is kept);
-//   * warpgroups 1-2: 64 rows each, 3 wgmma m64n64k8 per k8 step from shared memory into a
-//     k-block accumulator, added to the fp32 sum once retired; then the epilogue (+ bias, paired
-//     8-byte stores).
+// by TMA through the same 3-D / 4-D views of x and W as sm90_gemm (no concat, zero fill past H,
+// the batch rows and K). Warp roles:
+//   * warp 0: one thread issues the TMA copies of x's 128 x 32 and W's 64 x 32 block per stage;
+//   * warps 1-2: split each landed W tile in place (big overwrites it, small goes into a tile of
+//     the same layout beside it: the split is element-wise, so the swizzle is kept);
+//   * warpgroups 1-2: 64 rows of x each. Per k-block a thread ldmatrix-loads its x fragments
+//     from the TMA tile and splits them in registers, then issues 3 wgmma m64n64k8 per k8 step
+//     (A = x halves from registers, B = W halves from shared memory) into a k-block
+//     accumulator, added to the fp32 sum once retired; then the epilogue (+ bias, paired 8-byte
+//     stores).
+// Why x in registers and W in shared memory: shared-memory bandwidth is what bounds 3xTF32 here.
+// Splitting both in shared memory cost 192 KB of traffic a k-block (~1500 cycles at 128 B/clk
+// against 768 cycles of MMA); x from registers removes x's split writes and wgmma's x reads.
 // 128 x 64 tiles fill the GPU at 1024 x 1024 outputs (128 CTAs), and 64 columns keep the sum
-// and the k-block accumulator (64 fp32 a thread) well inside a 384-thread CTA's 168 registers. Ring: full (TMA landed) -> split (halves written) -> empty
-// (wgmmas retired), 4 stages of 48 KB. One tile per CTA, tiles walked in groups of 8 row tiles
-// so the CTAs in flight share x and W panels in L2.
+// and the k-block accumulator (64 fp32 a thread) well inside a 384-thread CTA's 168 registers.
+// Ring: full (TMA landed) -> split (W halves written) -> empty (wgmmas retired), 6 stages of
+// 32 KB. One tile per CTA, tiles walked in groups of 8 row tiles so the CTAs in flight share x
+// and W panels in L2.
 //
 // Refused (see sm90_tf32x3_refusal): dtype other than fp32, and anything the TMA views refuse
 // (not Hopper, H % 4, 16-byte alignment of x, W and their strides, sizes >= 2^31).
@@ -45,15 +51,15 @@ constexpr int kBlockM = 128;  // two consumer warpgroups x m64
 constexpr int kBlockN = 64;
 constexpr int kBlockK = 32;  // fp32 elements in one 128-byte swizzle row
 constexpr int kThreads = 384;
-constexpr int kSplitterThreads = 96;  // warps 1-3
+constexpr int kSplitterThreads = 64;  // warps 1-2
 constexpr int kGroupM = 8;
-constexpr int kStages = 4;
+constexpr int kStages = 6;
 constexpr int kSwizzleAlignment = 1024;
-// A stage: [A big | B big | A small | B small]; the first half is what TMA writes.
+// A stage: [x tile | W big | W small]; TMA writes the first two, the splitters the third.
 constexpr int kATileBytes = kBlockM * kBlockK * 4;
 constexpr int kBTileBytes = kBlockN * kBlockK * 4;
-constexpr int kRawBytes = kATileBytes + kBTileBytes;
-constexpr int kStageBytes = 2 * kRawBytes;
+constexpr int kLoadBytes = kATileBytes + kBTileBytes;
+constexpr int kStageBytes = kLoadBytes + kBTileBytes;
 constexpr int kBarrierBytes = 3 * kStages * sizeof(uint64_t);
 constexpr int kSharedBytes = kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes;
 static_assert(kBTileBytes % kSwizzleAlignment == 0, "every tile stays 1024-byte aligned");
@@ -86,13 +92,13 @@ __device__ __forceinline__ void split_tf32(uint32_t v, uint32_t& big, uint32_t& 
   small = __float_as_uint(__uint_as_float(v) - __uint_as_float(big));
 }
 
-// Warps 1-3: one stage's raw tiles (kRawBytes) become big in place and small beside them.
-// Each thread's 16 vectors go in batches of 8 loads, so 8 shared-memory round trips overlap.
-__device__ __forceinline__ void split_stage(uint8_t* stage, int splitter) {
-  constexpr int kVectors = kRawBytes / 16 / kSplitterThreads;
+// Warps 1-2: one stage's W tile becomes big in place and small beside it. Each thread's
+// vectors go in batches of 8 loads, so 8 shared-memory round trips overlap.
+__device__ __forceinline__ void split_w_tile(uint8_t* stage, int splitter) {
+  constexpr int kVectors = kBTileBytes / 16 / kSplitterThreads;
   constexpr int kBatch = 8;
-  static_assert(kRawBytes / 16 % kSplitterThreads == 0 && kVectors % kBatch == 0, "whole batches");
-  const uint32_t first = sm90::smem_address(stage) + 16 * splitter;
+  static_assert(kBTileBytes / 16 % kSplitterThreads == 0 && kVectors % kBatch == 0, "whole batches");
+  const uint32_t first = sm90::smem_address(stage + kATileBytes) + 16 * splitter;
 #pragma unroll
   for (int batch = 0; batch < kVectors; batch += kBatch) {
     uint4 v[kBatch];
@@ -107,25 +113,35 @@ __device__ __forceinline__ void split_stage(uint8_t* stage, int splitter) {
       split_tf32(v[j].z, b.z, s.z);
       split_tf32(v[j].w, b.w, s.w);
       skinny_detail::store_shared16(at, b);
-      skinny_detail::store_shared16(at + kRawBytes, s);
+      skinny_detail::store_shared16(at + kBTileBytes, s);
     }
   }
 }
 
-// The three TF32 products of one k-block into `part`, which starts from zero.
-__device__ __forceinline__ void mma_kblock(float (&part)[kBlockN / 2], uint8_t* stage, int consumer) {
-  using Mma = sm90::WgmmaTf32M64<kBlockN>;
-  const int a_rows = consumer * (kATileBytes / 2);
-  const uint64_t a_big = sm90::k_major_swizzle128_descriptor(stage + a_rows);
-  const uint64_t a_small = sm90::k_major_swizzle128_descriptor(stage + kRawBytes + a_rows);
+// The three TF32 products of one k-block into `part`, which starts from zero. x's fragments
+// come straight from the TMA tile (ldmatrix through the 128-byte swizzle) and are split in
+// registers; W's halves are read by wgmma from shared memory.
+__device__ __forceinline__ void mma_kblock(float (&part)[kBlockN / 2], uint8_t* stage, int lane_row, int lane) {
+  const uint32_t a_row = sm90::smem_address(stage) + lane_row * 128;
   const uint64_t b_big = sm90::k_major_swizzle128_descriptor(stage + kATileBytes);
-  const uint64_t b_small = sm90::k_major_swizzle128_descriptor(stage + kRawBytes + kATileBytes);
+  const uint64_t b_small = sm90::k_major_swizzle128_descriptor(stage + kLoadBytes);
+  uint32_t a_big[kBlockK / 8][4], a_small[kBlockK / 8][4];
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 8; ++kk) {
+    // Matrix lane / 8 of the x4 load: rows +0 / +8 (bit 0), 16-byte chunks 2kk / 2kk + 1 (bit 1).
+    const int chunk = 2 * kk + lane / 16;
+    uint32_t v[4];
+    sm90::load_matrix_x4(v, a_row + ((chunk ^ (lane_row % 8)) << 4));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) split_tf32(v[q], a_big[kk][q], a_small[kk][q]);
+  }
+  sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kBlockK / 8; ++kk) {
     // +32 bytes per k8 step inside the swizzled row, in 16-byte units.
-    Mma::run(part, a_small + 2 * kk, b_big + 2 * kk, kk != 0);
-    Mma::run(part, a_big + 2 * kk, b_small + 2 * kk, 1);
-    Mma::run(part, a_big + 2 * kk, b_big + 2 * kk, 1);
+    sm90::wgmma_tf32_m64n64k8_register_a(part, a_small[kk], b_big + 2 * kk, kk != 0);
+    sm90::wgmma_tf32_m64n64k8_register_a(part, a_big[kk], b_small + 2 * kk, 1);
+    sm90::wgmma_tf32_m64n64k8_register_a(part, a_big[kk], b_big + 2 * kk, 1);
   }
 }
 
@@ -208,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int h0 = (kb - shard * args.kblocks_per_shard) * kBlockK;
           uint8_t* dst = shared + stage * kStageBytes;
           mbarrier_wait(&empty[stage], phase ^ 1);
-          mbarrier_arrive_expect_tx(&full[stage], kRawBytes);
+          mbarrier_arrive_expect_tx(&full[stage], kLoadBytes);
           if (args.a_is_4d) {
             tma_load_4d(dst, &x_map, &full[stage], h0, inner0, outer, shard);
           } else {
@@ -221,12 +237,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-    } else {
+    } else if (warp <= kSplitterThreads / 32) {
       const int splitter = threadIdx.x - 32;
       for (int kb = 0; kb < args.num_kblocks; ++kb) {
         mbarrier_wait(&full[stage], phase);
-        split_stage(shared + stage * kStageBytes, splitter);
-        fence_proxy_async_shared();  // the halves are read by wgmma (the async proxy)
+        split_w_tile(shared + stage * kStageBytes, splitter);
+        fence_proxy_async_shared();  // the W halves are read by wgmma (the async proxy)
         __syncwarp();
         if (threadIdx.x % 32 == 0) mbarrier_arrive(&split[stage]);
         if (++stage == kStages) {
@@ -237,7 +253,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     const int consumer = warp / 4 - 1;
-    const bool warp_leader = threadIdx.x % 32 == 0;
+    const int lane = threadIdx.x % 32;
+    const bool warp_leader = lane == 0;
+    // The x row whose address this lane gives ldmatrix: warp's 16 rows, +8 for matrices 1 and 3.
+    const int lane_row = consumer * 64 + (warp % 4) * 16 + lane % 8 + 8 * ((lane / 8) % 2);
     float sum[kBlockN / 2];
     float part[kBlockN / 2];
 #pragma unroll
@@ -245,9 +264,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int kb = 0; kb < args.num_kblocks; ++kb) {
-      mbarrier_wait(&split[stage], phase);
-      wgmma_fence();
-      mma_kblock(part, shared + stage * kStageBytes, consumer);
+      mbarrier_wait(&full[stage], phase);   // x's tile (read here with ldmatrix)
+      mbarrier_wait(&split[stage], phase);  // W's halves
+      mma_kblock(part, shared + stage * kStageBytes, lane_row, lane);
       wgmma_commit_group();
       // Drained every k-block: ptxas serialises every wgmma of a chain whose accumulators are read
       // while another wgmma group is in flight, so the sum cannot overlap the next k-block's MMAs
