@@ -269,6 +269,19 @@ def test_each_family_is_right_or_refuses(family, dtype, shape):
         assert_close_to_float64(out, x, w, b)
 
 
+def _run_family_or_skip(x, w, b, family):
+    """The family's output and the float64 reference; skips when the family refuses."""
+    out, refusal = _family_refuses(x, w, b, family)
+    if out is None:
+        pytest.skip(refusal)
+    return out, vga_linear.reference.gather_concat_linear_float64(x, w, b)
+
+
+def _assert_same_nan_and_inf(out, ref):
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.isposinf(), ref.isposinf()) and torch.equal(out.isneginf(), ref.isneginf())
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -280,12 +293,8 @@ def test_each_family_propagates_nan_and_inf(family, dtype, shape):
     x[1, 2, 3] = float("nan")
     w[4, 1] = float("inf")
     w[5, 2] = float("-inf")
-    out, refusal = _family_refuses(x, w, b, family)
-    if out is None:
-        pytest.skip(refusal)
-    ref = vga_linear.reference.gather_concat_linear_float64(x, w, b)
-    assert torch.equal(out.isnan(), ref.isnan())
-    assert torch.equal(out.isposinf(), ref.isposinf()) and torch.equal(out.isneginf(), ref.isneginf())
+    out, ref = _run_family_or_skip(x, w, b, family)
+    _assert_same_nan_and_inf(out, ref)
 
 
 @pytest.mark.cuda
@@ -303,12 +312,8 @@ def test_each_family_multiplies_inf_as_f_linear_does(family, dtype):
     w[6, H + 5] = float("-inf")
     x[1, 7, 5] = float("inf")
     x[1, 9, 5] = float("-inf")
-    out, refusal = _family_refuses(x, w, b, family)
-    if out is None:
-        pytest.skip(refusal)
-    ref = vga_linear.reference.gather_concat_linear_float64(x, w, b)
-    assert torch.equal(out.isnan(), ref.isnan())
-    assert torch.equal(out.isposinf(), ref.isposinf()) and torch.equal(out.isneginf(), ref.isneginf())
+    out, ref = _run_family_or_skip(x, w, b, family)
+    _assert_same_nan_and_inf(out, ref)
     finite = ref.isfinite()
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.double()[finite], ref[finite], atol=tol, rtol=tol)

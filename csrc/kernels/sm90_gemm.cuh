@@ -328,36 +328,44 @@ inline cuuint64_t tma_byte_stride(int64_t extent, int64_t stride_elements, int64
   return static_cast<cuuint64_t>((extent == 1 ? shard_width : stride_elements) * dtype_size(t));
 }
 
+// x as a TMA tensor: (H, rows, R), or (H, inner, outer, R) when the batch dims do not merge;
+// one box is box_k elements of one shard's h for box_rows consecutive rows (zero fill past H
+// and past the rows). The k-block (r, h0) of a row tile is one copy: the concat is virtual.
+inline CUtensorMap x_tensor_map(const ForwardProblem& p, const RowView& rows, cuuint32_t box_k,
+                                cuuint32_t box_rows) {
+  const int64_t H = p.shard_width;
+  const cuuint32_t box[4] = {box_k, box_rows, 1, 1};
+  if (rows.four_d) {
+    const cuuint64_t dims[4] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(rows.outer),
+                                cuuint64_t(p.num_shards)};
+    const cuuint64_t strides[3] = {tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
+                                   tma_byte_stride(rows.outer, rows.outer_stride, H, p.dtype),
+                                   tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
+    return encode_swizzled_tensor_map(p.x, tensor_map_type(p.dtype), 4, dims, strides, box);
+  }
+  const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(p.num_shards)};
+  const cuuint64_t strides[2] = {tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
+                                 tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
+  return encode_swizzled_tensor_map(p.x, tensor_map_type(p.dtype), 3, dims, strides, box);
+}
+
+// W as a TMA tensor (H, R, K): one box is box_k elements of one shard's h for box_rows output
+// features, so a shard's h tail is zero-filled and never reads the next shard (0 * NaN = NaN).
+inline CUtensorMap w_tensor_map(const ForwardProblem& p, cuuint32_t box_k, cuuint32_t box_rows) {
+  const int64_t H = p.shard_width;
+  const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(p.num_shards), cuuint64_t(p.out_features)};
+  const cuuint64_t strides[2] = {cuuint64_t(H * dtype_size(p.dtype)),
+                                 tma_byte_stride(p.out_features, p.weight_stride_out, H, p.dtype)};
+  const cuuint32_t box[3] = {box_k, 1, box_rows};
+  return encode_swizzled_tensor_map(p.weight, tensor_map_type(p.dtype), 3, dims, strides, box);
+}
+
 template <typename Element>
 inline void launch_gather_concat_gemm(const ForwardProblem& p, cudaStream_t stream) {
   const RowView rows = row_view(p);
-  const CUtensorMapDataType type = tensor_map_type(p.dtype);
   const int64_t H = p.shard_width;
-
-  CUtensorMap x_map;
-  {
-    const cuuint32_t box[4] = {kBlockK, kBlockM, 1, 1};
-    if (rows.four_d) {
-      const cuuint64_t dims[4] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(rows.outer),
-                                  cuuint64_t(p.num_shards)};
-      const cuuint64_t strides[3] = {tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
-                                     tma_byte_stride(rows.outer, rows.outer_stride, H, p.dtype),
-                                     tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
-      x_map = encode_swizzled_tensor_map(p.x, type, 4, dims, strides, box);
-    } else {
-      const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(p.num_shards)};
-      const cuuint64_t strides[2] = {tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
-                                     tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
-      x_map = encode_swizzled_tensor_map(p.x, type, 3, dims, strides, box);
-    }
-  }
-  CUtensorMap w_map;
-  {
-    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(p.num_shards), cuuint64_t(p.out_features)};
-    const cuuint64_t strides[2] = {cuuint64_t(H * dtype_size(p.dtype)), tma_byte_stride(p.out_features, p.weight_stride_out, H, p.dtype)};
-    const cuuint32_t box[3] = {kBlockK, 1, kBlockN / kClusterM};
-    w_map = encode_swizzled_tensor_map(p.weight, type, 3, dims, strides, box);
-  }
+  const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, kBlockM);
+  const CUtensorMap w_map = w_tensor_map(p, kBlockK, kBlockN / kClusterM);
 
   GemmArgs args;
   args.out = p.out;

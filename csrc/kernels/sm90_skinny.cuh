@@ -174,26 +174,10 @@ template <typename Element, int kN>
 inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   using Cfg = Config<kN>;
   constexpr auto kKernel = skinny_stream_kernel<Element, kN>;
-  const CUtensorMapDataType type = sm90::tensor_map_type(p.dtype);
   const int64_t H = p.shard_width;
   const sm90::RowView rows = sm90::row_view(p);  // 3-D (checked by the refusal)
-
-  CUtensorMap x_map;
-  {
-    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(p.num_shards)};
-    const cuuint64_t strides[2] = {sm90::tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
-                                   sm90::tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
-    const cuuint32_t box[3] = {kBlockK, kN, 1};
-    x_map = sm90::encode_swizzled_tensor_map(p.x, type, 3, dims, strides, box);
-  }
-  CUtensorMap w_map;
-  {
-    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(p.num_shards), cuuint64_t(p.out_features)};
-    const cuuint64_t strides[2] = {cuuint64_t(H * dtype_size(p.dtype)),
-                                   sm90::tma_byte_stride(p.out_features, p.weight_stride_out, H, p.dtype)};
-    const cuuint32_t box[3] = {kBlockK, 1, kBlockRows};
-    w_map = sm90::encode_swizzled_tensor_map(p.weight, type, 3, dims, strides, box);
-  }
+  const CUtensorMap x_map = sm90::x_tensor_map(p, rows, kBlockK, kN);
+  const CUtensorMap w_map = sm90::w_tensor_map(p, kBlockK, kBlockRows);
 
   StreamArgs args;
   args.kblocks_per_shard = static_cast<int>(ceil_div(H, kBlockK));

@@ -291,33 +291,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 inline void launch(const ForwardProblem& p, cudaStream_t stream) {
   const sm90::RowView rows = sm90::row_view(p);
-  const CUtensorMapDataType type = sm90::tensor_map_type(p.dtype);
   const int64_t H = p.shard_width;
-
-  CUtensorMap x_map;
-  if (rows.four_d) {
-    const cuuint32_t box[4] = {kBlockK, kBlockM, 1, 1};
-    const cuuint64_t dims[4] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(rows.outer),
-                                cuuint64_t(p.num_shards)};
-    const cuuint64_t strides[3] = {sm90::tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
-                                   sm90::tma_byte_stride(rows.outer, rows.outer_stride, H, p.dtype),
-                                   sm90::tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
-    x_map = sm90::encode_swizzled_tensor_map(p.x, type, 4, dims, strides, box);
-  } else {
-    const cuuint32_t box[3] = {kBlockK, kBlockM, 1};
-    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(p.num_shards)};
-    const cuuint64_t strides[2] = {sm90::tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
-                                   sm90::tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
-    x_map = sm90::encode_swizzled_tensor_map(p.x, type, 3, dims, strides, box);
-  }
-  CUtensorMap w_map;
-  {
-    const cuuint32_t box[3] = {kBlockK, 1, kBlockN};
-    const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(p.num_shards), cuuint64_t(p.out_features)};
-    const cuuint64_t strides[2] = {cuuint64_t(H * 4),
-                                   sm90::tma_byte_stride(p.out_features, p.weight_stride_out, H, p.dtype)};
-    w_map = sm90::encode_swizzled_tensor_map(p.weight, type, 3, dims, strides, box);
-  }
+  const CUtensorMap x_map = sm90::x_tensor_map(p, rows, kBlockK, kBlockM);
+  const CUtensorMap w_map = sm90::w_tensor_map(p, kBlockK, kBlockN);
 
   Args args;
   args.out = static_cast<float*>(p.out);
