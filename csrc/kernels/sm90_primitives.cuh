@@ -1,6 +1,7 @@
 // Hopper (sm_90a) building blocks as raw PTX: mbarriers, TMA bulk tensor loads,
 // wgmma shared-memory descriptors, the m64n256k16 wgmma, the narrow m64n{16,32,64}k16 ones, the
-// m64n64k8 TF32 one, warpgroup register reallocation, plus the host-side tensor-map encoder lookup.
+// m64n64k8 TF32 one (A in registers), ldmatrix, warpgroup register reallocation, plus the
+// host-side tensor-map encoder lookup.
 //
 // Every device helper is only meaningful inside an sm_90a body; callers guard
 // their kernels with `#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)`
@@ -233,28 +234,10 @@ VGA_WGMMA_NARROW(64, "bf16", __nv_bfloat16, VGA_REGS32, "%32, %33", VGA_ACC8(0),
 VGA_WGMMA_NARROW(64, "f16", __half, VGA_REGS32, "%32, %33", VGA_ACC8(0), VGA_ACC8(8),
                  VGA_ACC8(16), VGA_ACC8(24))
 
-// acc[64 x N] = A[64 x 8] * B[N x 8]^T (+ acc when `accumulate` != 0) on TF32 operands, N = 64
-// (N / 2 fp32 a thread), both K-major in shared memory (TF32 has no transposed form).
-// A k8 step of fp32 is 32 bytes, as a k16 step of half elements is: descriptors advance alike.
-template <int kN>
-struct WgmmaTf32M64;
-
-#define VGA_WGMMA_TF32(N, REGS, DESC_A, DESC_B, ACCUMULATE, ...)                                     \
-  template <>                                                                                        \
-  struct WgmmaTf32M64<N> {                                                                           \
-    __device__ __forceinline__ static void run(float (&acc)[N / 2], uint64_t desc_a, uint64_t desc_b,  \
-                                               uint32_t accumulate) {                                \
-      asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, " ACCUMULATE ", 0;\n"         \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, " DESC_A ", " \
-                   DESC_B ", accumulate, 1, 1;\n}\n"                                                 \
-                   : __VA_ARGS__                                                                     \
-                   : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                     \
-    }                                                                                                \
-  };
-VGA_WGMMA_TF32(64, VGA_REGS32, "%32", "%33", "%34", VGA_ACC8(0), VGA_ACC8(8), VGA_ACC8(16), VGA_ACC8(24))
-#undef VGA_WGMMA_TF32
-
-// The same with A in registers: per warp w of the warpgroup and lane (g = lane / 4, t = lane % 4),
+// acc[64 x 64] = A[64 x 8] * B[64 x 8]^T (+ acc when `accumulate` != 0) on TF32 operands, A in
+// registers, B K-major in shared memory (TF32 has no transposed form; a k8 step of fp32 is 32
+// bytes, as a k16 step of half elements is, so B's descriptor advances alike). Per warp w of the
+// warpgroup and lane (g = lane / 4, t = lane % 4),
 // a[0..3] = A[16w + g][t], A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4].
 __device__ __forceinline__ void wgmma_tf32_m64n64k8_register_a(float (&acc)[32], const uint32_t (&a)[4],
                                                                uint64_t desc_b, uint32_t accumulate) {

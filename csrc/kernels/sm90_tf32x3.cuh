@@ -18,7 +18,8 @@
 // the batch rows and K). Warp roles:
 //   * warp 0: one thread issues the TMA copies of x's 128 x 32 and W's 64 x 32 block per stage;
 //   * warps 1-2: split each landed W tile in place (big overwrites it, small goes into a tile of
-//     the same layout beside it: the split is element-wise, so the swizzle is kept);
+//     the same layout beside it: the split is element-wise, so the swizzle is kept); warp 3
+//     has no role (W's split is 8 KB a k-block, two warps keep ahead of the MMAs);
 //   * warpgroups 1-2: 64 rows of x each. Per k-block a thread ldmatrix-loads its x fragments
 //     from the TMA tile and splits them in registers, then issues 3 wgmma m64n64k8 per k8 step
 //     (A = x halves from registers, B = W halves from shared memory) into a k-block
