@@ -172,7 +172,9 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], const float*
     for (int strip = 0; strip < kBlockN / 32; ++strip) {
       float2 bias[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) bias[q] = *reinterpret_cast<const float2*>(tile_bias + strip * 32 + q * 8 + 2 * quad_lane);
+      for (int q = 0; q < 4; ++q) {
+        bias[q] = *reinterpret_cast<const float2*>(tile_bias + strip * 32 + q * 8 + 2 * quad_lane);
+      }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         uint32_t words[4];
