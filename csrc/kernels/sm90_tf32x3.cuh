@@ -146,9 +146,24 @@ __device__ __forceinline__ void mma_kblock(float (&part)[kBlockN / 2], uint8_t* 
   }
 }
 
+// The bias of this thread's output columns n0 + 8 j + 2 (lane % 4) and the next one (0 past K), read
+// before the mainloop: read in the epilogue, between stores that the compiler cannot move them past
+// (out may alias bias), they would cost one L2 round trip per column pair while the tile waits.
+__device__ __forceinline__ void load_block_bias(float2 (&bias)[kBlockN / 8], const Args& a, int n0, int lane) {
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    const int n = n0 + j * 8 + 2 * (lane % 4);
+    bias[j] = make_float2(0.f, 0.f);
+    if (a.bias == nullptr) continue;
+    if (n < a.out_features) bias[j].x = a.bias[static_cast<int64_t>(n) * a.bias_stride];
+    if (n + 1 < a.out_features) bias[j].y = a.bias[static_cast<int64_t>(n + 1) * a.bias_stride];
+  }
+}
+
 // One consumer warpgroup's 64 x 64 block (+ bias), fp32, paired stores when K is even.
-__device__ __forceinline__ void store_block(const float (&acc)[kBlockN / 2], const Args& a, int outer, int inner0,
-                                            int n0, int consumer, int thread_in_wg) {
+__device__ __forceinline__ void store_block(const float (&acc)[kBlockN / 2], const float2 (&bias)[kBlockN / 8],
+                                            const Args& a, int outer, int inner0, int n0, int consumer,
+                                            int thread_in_wg) {
   const int warp = thread_in_wg / 32;
   const int lane = thread_in_wg % 32;
   const int row_in_tile = consumer * 64 + warp * 16 + lane / 4;
@@ -165,8 +180,8 @@ __device__ __forceinline__ void store_block(const float (&acc)[kBlockN / 2], con
       float v0 = acc[4 * j + 2 * half];
       float v1 = acc[4 * j + 2 * half + 1];
       if (a.bias != nullptr) {
-        v0 += a.bias[static_cast<int64_t>(n) * a.bias_stride];
-        if (n + 1 < a.out_features) v1 += a.bias[static_cast<int64_t>(n + 1) * a.bias_stride];
+        v0 += bias[j].x;
+        v1 += bias[j].y;
       }
       if (paired) {
         *reinterpret_cast<float2*>(out_row + n) = make_float2(v0, v1);
@@ -262,6 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float part[kBlockN / 2];
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) sum[i] = 0.f;
+    float2 bias[kBlockN / 8];
+    load_block_bias(bias, args, n0, lane);
     int stage = 0;
     uint32_t phase = 0;
     for (int kb = 0; kb < args.num_kblocks; ++kb) {
@@ -281,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         phase ^= 1;
       }
     }
-    store_block(sum, args, outer, inner0, n0, consumer, threadIdx.x % 128);
+    store_block(sum, bias, args, outer, inner0, n0, consumer, threadIdx.x % 128);
   }
 #else
   __trap();
