@@ -23,8 +23,8 @@
 //   * warpgroups 1-2: 64 rows of x each. Per k-block a thread ldmatrix-loads its x fragments
 //     from the TMA tile and splits them in registers, then issues 3 wgmma m64n64k8 per k8 step
 //     (A = x halves from registers, B = W halves from shared memory) into a k-block
-//     accumulator, added to the fp32 sum once retired; then the epilogue (+ bias, paired 8-byte
-//     stores).
+//     accumulator, added to the fp32 sum once retired; then the epilogue (+ bias, read into
+//     registers before the first k-block; paired 8-byte stores).
 // Why x in registers and W in shared memory: shared-memory bandwidth is what bounds 3xTF32 here.
 // Splitting both in shared memory cost 192 KB of traffic a k-block (~1500 cycles at 128 B/clk
 // against 768 cycles of MMA); x from registers removes x's split writes and wgmma's x reads.
