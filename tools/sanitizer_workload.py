@@ -1,11 +1,13 @@
 """A small workload touching every CUDA kernel path, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck  python tools/sanitizer_workload.py
-    compute-sanitizer --tool racecheck python tools/sanitizer_workload.py
+    compute-sanitizer --tool memcheck  python tools/sanitizer_workload.py [FAMILY ...]
+    compute-sanitizer --tool racecheck python tools/sanitizer_workload.py [FAMILY ...]
 
-Each kernel family is forced on shapes with tails in every dimension, then the two
-backward ops run; every result is checked against the float64 reference, so a clean
-sanitizer report comes with a correct answer.
+Each kernel family (or only those named) is forced on shapes with tails in every dimension,
+with and without bias, then the two backward ops run; every result is checked against the
+float64 reference, so a clean sanitizer report comes with a correct answer. The last shapes
+give sm90_gemm more tiles than there are SMs (each CTA reuses its shared-memory state) and
+the skinny families a split-K cluster.
 """
 
 import sys
@@ -16,20 +18,24 @@ import vga_linear
 from vga_linear.reference import gather_concat_linear_float64
 
 FAMILIES = vga_linear.ops.KERNEL_FAMILIES
-SHAPES = [(1, 5, 8, 3), (3, 17, 24, 65), (4, 130, 136, 200), (2, 64, 1024, 130), (5, 3, 13, 7)]
+SHAPES = [(1, 5, 8, 3), (3, 17, 24, 65), (4, 130, 136, 200), (2, 64, 1024, 130), (5, 3, 13, 7),
+          (2, 2050, 64, 2312), (32, 16, 128, 4096)]
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float64: 1e-10}
 
 
-def main():
+def main(argv):
     assert vga_linear.kernels_loaded(), vga_linear.kernels_not_loaded_reason()
+    unknown = set(argv) - set(FAMILIES)
+    assert not unknown, f"unknown kernel families {sorted(unknown)}; known: {FAMILIES}"
+    families = argv or FAMILIES
     ran = {}
     for dtype in TOL:
-        for R, B, H, K in SHAPES:
+        for (R, B, H, K), with_bias in [(shape, with_bias) for shape in SHAPES for with_bias in (True, False)]:
             x = torch.randn(B, R, H, dtype=dtype, device="cuda").transpose(0, 1)
             w = torch.randn(K, R * H, dtype=dtype, device="cuda") / (R * H) ** 0.5
-            b = torch.randn(K, dtype=dtype, device="cuda")
+            b = torch.randn(K, dtype=dtype, device="cuda") if with_bias else None
             ref = gather_concat_linear_float64(x, w, b)
-            for family in FAMILIES:
+            for family in families:
                 try:
                     out = torch.ops.vga._gather_concat_linear_family(x, w, b, family)
                 except RuntimeError as exc:
@@ -46,4 +52,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
