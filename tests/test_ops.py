@@ -271,6 +271,21 @@ def test_each_family_is_right_or_refuses(family, dtype, shape):
         assert_close_to_float64(out, x, w, b)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(3, (5,), 13, 9), (4, (130,), 136, 200), (2, (2050,), 64, 2312)], ids=str)
+def test_each_family_is_right_without_bias(family, dtype, shape):
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, "cuda")
+    w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
+    out, refusal = _family_refuses(x, w, None, family)
+    if out is None:
+        assert refusal, "a refusal must say why"
+        return
+    assert_close_to_float64(out, x, w, None)
+
+
 def _run_family_or_skip(x, w, b, family):
     """The family's output and the float64 reference; skips when the family refuses."""
     out, refusal = _family_refuses(x, w, b, family)

@@ -1,7 +1,7 @@
 """A small workload touching every CUDA kernel path, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck  python tools/sanitizer_workload.py [FAMILY ...]
-    compute-sanitizer --tool racecheck python tools/sanitizer_workload.py [FAMILY ...]
+    compute-sanitizer --error-exitcode 1 --tool memcheck  python tools/sanitizer_workload.py [FAMILY ...]
+    compute-sanitizer --error-exitcode 1 --tool racecheck python tools/sanitizer_workload.py [FAMILY ...]
 
 Each kernel family (or only those named) is forced on shapes with tails in every dimension,
 with and without bias, then the two backward ops run; every result is checked against the
@@ -24,9 +24,11 @@ TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.flo
 
 
 def main(argv):
-    assert vga_linear.kernels_loaded(), vga_linear.kernels_not_loaded_reason()
-    unknown = set(argv) - set(FAMILIES)
-    assert not unknown, f"unknown kernel families {sorted(unknown)}; known: {FAMILIES}"
+    if not vga_linear.kernels_loaded():
+        sys.exit(f"the CUDA kernels are not loaded: {vga_linear.kernels_not_loaded_reason()}")
+    unknown = sorted(set(argv) - set(FAMILIES))
+    if unknown:
+        sys.exit(f"unknown kernel families {unknown}; known: {list(FAMILIES)}")
     families = argv or FAMILIES
     ran = {}
     for dtype in TOL:
@@ -48,6 +50,9 @@ def main(argv):
             w.requires_grad_()
             vga_linear.gather_concat_linear(x, w, b).sum().backward()
     torch.cuda.synchronize()
+    idle = [family for family in families if family not in ran]
+    if argv and idle:
+        sys.exit(f"the named families {idle} refused every shape: nothing of theirs was checked")
     print("sanitizer workload ran:", ", ".join(f"{k} x{v}" for k, v in sorted(ran.items())), "+ backward ops")
 
 
