@@ -259,31 +259,17 @@ def _family_refuses(x, w, b, family):
                                             (4, (130,), 136, 200), (2, (300,), 64, 257),
                                             # more 128 x 256 tiles than Hopper has SMs, tails in rows and K
                                             (2, (2050,), 64, 2312)], ids=str)
-def test_each_family_is_right_or_refuses(family, dtype, shape):
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_each_family_is_right_or_refuses(family, dtype, shape, bias):
     R, batch, H, K = shape
     for layout in ("contiguous", "sdpa" if len(batch) == 2 else "padded"):
         x = make_x(R, batch, H, dtype, "cuda", layout)
-        w, b = make_params(R, H, K, dtype, "cuda")
+        w, b = make_params(R, H, K, dtype, "cuda", bias=bias)
         out, refusal = _family_refuses(x, w, b, family)
         if out is None:
             assert refusal, "a refusal must say why"
             continue
         assert_close_to_float64(out, x, w, b)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape", [(3, (5,), 13, 9), (4, (130,), 136, 200), (2, (2050,), 64, 2312)], ids=str)
-def test_each_family_is_right_without_bias(family, dtype, shape):
-    R, batch, H, K = shape
-    x = make_x(R, batch, H, dtype, "cuda")
-    w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
-    out, refusal = _family_refuses(x, w, None, family)
-    if out is None:
-        assert refusal, "a refusal must say why"
-        return
-    assert_close_to_float64(out, x, w, None)
 
 
 def _run_family_or_skip(x, w, b, family):
