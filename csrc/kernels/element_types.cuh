@@ -31,6 +31,16 @@ __device__ __forceinline__ float to_acc<float, __nv_bfloat16>(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
 
+// The bias of output columns n and n + 1 as fp32: 0 past the last of `columns`, or without bias.
+template <typename T>
+__device__ __forceinline__ float2 bias_pair(const T* bias, int64_t stride, int n, int64_t columns) {
+  float2 pair = make_float2(0.f, 0.f);
+  if (bias == nullptr) return pair;
+  if (n < columns) pair.x = to_acc<float>(bias[static_cast<int64_t>(n) * stride]);
+  if (n + 1 < columns) pair.y = to_acc<float>(bias[static_cast<int64_t>(n + 1) * stride]);
+  return pair;
+}
+
 template <typename T, typename Acc>
 __device__ __forceinline__ T from_acc(Acc v) {
   return static_cast<T>(v);

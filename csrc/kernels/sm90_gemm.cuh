@@ -136,17 +136,6 @@ __device__ __forceinline__ void transpose_quad(uint32_t (&v)[4], int t) {
   }
 }
 
-// The bias of output columns n and n + 1 as fp32 (0 past the last column or without bias).
-template <typename Element>
-__device__ __forceinline__ float2 load_bias_pair(const GemmArgs& a, int n) {
-  float2 pair = make_float2(0.f, 0.f);
-  if (a.bias == nullptr) return pair;
-  const Element* bias = static_cast<const Element*>(a.bias);
-  if (n < a.out_features) pair.x = to_acc<float>(bias[static_cast<int64_t>(n) * a.bias_stride]);
-  if (n + 1 < a.out_features) pair.y = to_acc<float>(bias[static_cast<int64_t>(n + 1) * a.bias_stride]);
-  return pair;
-}
-
 // Writes one consumer warpgroup's 64 x 256 accumulator block (+ bias) as Element;
 // tile_bias[j] is the bias of column c.n0 + j, in shared memory.
 template <typename Element>
@@ -291,7 +280,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const TileCoord c = tile_coord(tile, cta_rank, args);
       // Two bias values a thread, loaded now so that their latency hides under the mainloop
       // (fetched in the epilogue, they cost several L2 round trips a tile).
-      const float2 bias_pair = load_bias_pair<Element>(args, c.n0 + 2 * thread_in_wg);
+      const float2 tile_bias_pair = bias_pair(static_cast<const Element*>(args.bias), args.bias_stride,
+                                              c.n0 + 2 * thread_in_wg, args.out_features);
       int previous_stage = 0;
       for (int kb = 0; kb < args.num_kblocks; ++kb) {
         mbarrier_wait(&full[stage], phase);
@@ -323,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       float* tile_bias = bias_rows + consumer * kBlockN;
       named_barrier_sync(1 + consumer, 128);  // this warpgroup is done reading the previous tile's bias
-      reinterpret_cast<float2*>(tile_bias)[thread_in_wg] = bias_pair;
+      reinterpret_cast<float2*>(tile_bias)[thread_in_wg] = tile_bias_pair;
       named_barrier_sync(1 + consumer, 128);
       store_tile<Element>(acc, tile_bias, args, c, consumer, thread_in_wg);
     }

@@ -152,11 +152,7 @@ __device__ __forceinline__ void mma_kblock(float (&part)[kBlockN / 2], uint8_t* 
 __device__ __forceinline__ void load_block_bias(float2 (&bias)[kBlockN / 8], const Args& a, int n0, int lane) {
 #pragma unroll
   for (int j = 0; j < kBlockN / 8; ++j) {
-    const int n = n0 + j * 8 + 2 * (lane % 4);
-    bias[j] = make_float2(0.f, 0.f);
-    if (a.bias == nullptr) continue;
-    if (n < a.out_features) bias[j].x = a.bias[static_cast<int64_t>(n) * a.bias_stride];
-    if (n + 1 < a.out_features) bias[j].y = a.bias[static_cast<int64_t>(n + 1) * a.bias_stride];
+    bias[j] = bias_pair(a.bias, a.bias_stride, n0 + j * 8 + 2 * (lane % 4), a.out_features);
   }
 }
 
