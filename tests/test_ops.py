@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import vga_linear
 from conftest import DEVICES
-from utils import DTYPES, TOLERANCE, assert_close_to_float64, make_params, make_x, run_op
+from utils import DTYPES, TOLERANCE, assert_close_to_float64, make_params, make_x, misaligned, run_op
 
 SHAPES = [
     # (R, batch, H, K): the seed, R=1, odd H, K=1, B=1, two batch dims, tails everywhere
@@ -262,9 +262,11 @@ def _family_refuses(x, w, b, family):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_each_family_is_right_or_refuses(family, dtype, shape, bias):
     R, batch, H, K = shape
-    for layout in ("contiguous", "sdpa" if len(batch) == 2 else "padded"):
+    for layout in ("contiguous", "sdpa" if len(batch) == 2 else "padded", "misaligned"):
         x = make_x(R, batch, H, dtype, "cuda", layout)
         w, b = make_params(R, H, K, dtype, "cuda", bias=bias)
+        if layout == "misaligned":
+            w = misaligned(w)
         out, refusal = _family_refuses(x, w, b, family)
         if out is None:
             assert refusal, "a refusal must say why"

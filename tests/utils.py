@@ -30,7 +30,17 @@ def make_x(R, batch, H, dtype, device, layout="contiguous", generator=None):
     if layout == "shard_last":
         base = torch.randn((*batch, R, H), dtype=dtype, device=device, generator=generator)
         return base.movedim(-2, 0)
+    if layout == "misaligned":
+        return misaligned(torch.randn(shape, dtype=dtype, device=device, generator=generator))
     raise ValueError(layout)
+
+
+def misaligned(t):
+    """A dense copy of t whose storage starts one element past t's alignment."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = flat[1:].view(t.shape)
+    out.copy_(t)
+    return out
 
 
 def make_params(R, H, K, dtype, device, bias=True, generator=None):
