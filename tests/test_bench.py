@@ -304,3 +304,12 @@ def test_bench_cpu_backward_and_plot(tmp_path):
 def test_bench_rejects_bad_shape(tmp_path):
     p = _run_bench(["--device", "cpu", "--shape", "1,2,3"], tmp_path)
     assert p.returncode == 2 and "bad --shape" in p.stderr
+
+
+def test_floors_says_it_needs_a_gpu(tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "floors.py")], cwd=str(tmp_path),
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "needs a CUDA GPU" in p.stderr
