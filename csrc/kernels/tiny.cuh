@@ -14,22 +14,22 @@
 // with its own shard. (A per-row 64-bit division and branch, as before, put ~2000
 // instructions a warp in front of the last load: benchmarks/NOTES.md, tiny v3.)
 //
-// Tiling: one warp per output feature, up to kTinyMaxWarps features per CTA, as few as
-// it takes to put the CTAs on different SMs (the seed's 56 features: 56 one-warp CTAs,
-// 0.5 µs faster than 7 CTAs of 8 warps); rows <= 16 and R*H <= 128 so that every load
-// of a lane fits in registers at once.
+// Tiling: one warp per output feature, one warp per CTA: the seed's 56 features run as
+// 56 CTAs on 56 SMs, and with 32-thread launch bounds ptxas gives the kernel the registers
+// (72 at fp32) to issue most of its loads before the first FMA. (256-thread bounds got 64
+// registers and FMAs between the loads, ~1.3 µs slower at 12-16 rows: NOTES.md, tiny v3.)
+// rows <= 16 and R*H <= 128 so that every load of a lane fits in registers at once.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
+#include <climits>
 
 #include "generic_gemm.cuh"
 #include "problem.cuh"
 
 namespace vga {
 
-constexpr int kTinyMaxWarps = 8;
 constexpr int kTinyMaxRows = 16;
 constexpr int kTinyColumnsPerLane = 4;
 constexpr int kTinyMaxReduction = 32 * kTinyColumnsPerLane;
@@ -41,7 +41,7 @@ struct alignas(kTinyColumnsPerLane * sizeof(T)) TinyQuad {
 };
 
 template <typename T, bool kQuads>
-__global__ void __launch_bounds__(kTinyMaxWarps * 32)
+__global__ void __launch_bounds__(32)
     tiny_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                 T* __restrict__ out, BatchRows x_rows, VirtualConcatColumns x_cols, int rows,
                 int reduction, int64_t out_features, int64_t weight_stride_out,
@@ -49,8 +49,7 @@ __global__ void __launch_bounds__(kTinyMaxWarps * 32)
   using Acc = typename AccumulatorOf<T>::type;
   constexpr int kCols = kTinyColumnsPerLane;
   const int lane = threadIdx.x % 32;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (n >= out_features) return;  // whole warps: the shuffles below see 32 lanes
+  const int64_t n = blockIdx.x;  // one warp a CTA, one CTA an output feature
 
   // Batch row `lane`'s offset in x (rows <= 16, so the inner dim fits an int).
   const int inner = static_cast<int>(x_rows.inner);
@@ -124,7 +123,7 @@ __global__ void __launch_bounds__(kTinyMaxWarps * 32)
 inline const char* tiny_refusal(const ForwardProblem& p) {
   if (p.rows() > kTinyMaxRows) return "more than 16 batch rows";
   if (p.reduction() > kTinyMaxReduction) return "R*H > 128";
-  if (p.out_features > int64_t{INT32_MAX} * kTinyMaxWarps) return "more output features than grid CTAs";
+  if (p.out_features > INT32_MAX) return "more than 2^31 - 1 output features (one CTA each)";
   return nullptr;
 }
 
@@ -141,10 +140,8 @@ inline bool tiny_quads_aligned(const ForwardProblem& p) {
 inline void tiny_forward(const ForwardProblem& p, cudaStream_t stream) {
   visit_dtype(p.dtype, [&](auto element) {
     using T = decltype(element);
-    const int64_t warps = std::clamp<int64_t>(ceil_div(p.out_features, p.sm_count), 1, kTinyMaxWarps);
-    const unsigned ctas = static_cast<unsigned>(ceil_div(p.out_features, warps));
     auto* kernel = tiny_quads_aligned(p) ? tiny_kernel<T, true> : tiny_kernel<T, false>;
-    kernel<<<ctas, static_cast<unsigned>(warps * 32), 0, stream>>>(
+    kernel<<<static_cast<unsigned>(p.out_features), 32, 0, stream>>>(
         static_cast<const T*>(p.x), static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
         static_cast<T*>(p.out), BatchRows{p.batch_inner, p.x_stride_outer, p.x_stride_inner},
         VirtualConcatColumns{p.shard_width, p.x_stride_shard}, static_cast<int>(p.rows()),
