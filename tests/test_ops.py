@@ -262,10 +262,13 @@ def _family_refuses(x, w, b, family):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_each_family_is_right_or_refuses(family, dtype, shape, bias):
     R, batch, H, K = shape
-    for layout in ("contiguous", "sdpa" if len(batch) == 2 else "padded", "misaligned"):
+    # x's layout, and whether W starts one element off: each alignment condition broken alone.
+    strided = "sdpa" if len(batch) == 2 else "padded"
+    for layout, w_misaligned in (("contiguous", False), (strided, False), ("misaligned", False),
+                                 ("contiguous", True), ("odd_pitch", False)):
         x = make_x(R, batch, H, dtype, "cuda", layout)
         w, b = make_params(R, H, K, dtype, "cuda", bias=bias)
-        if layout == "misaligned":
+        if w_misaligned:
             w = misaligned(w)
         out, refusal = _family_refuses(x, w, b, family)
         if out is None:

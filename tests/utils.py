@@ -15,7 +15,9 @@ def make_x(R, batch, H, dtype, device, layout="contiguous", generator=None):
 
     layouts: "contiguous"; "sdpa" (a transpose(0, 1) view of a contiguous (b, R, *rest, H)
     tensor, the layout of attention output); "padded" (rows padded: every stride but
-    the last is larger than dense); "shard_last" (R is the innermost batch-like dim).
+    the last is larger than dense); "shard_last" (R is the innermost batch-like dim);
+    "misaligned" (dense, but one element past a vector boundary); "odd_pitch" (an aligned
+    start, rows H + 1 elements apart).
     """
     shape = (R, *batch, H)
     if layout == "contiguous":
@@ -32,6 +34,9 @@ def make_x(R, batch, H, dtype, device, layout="contiguous", generator=None):
         return base.movedim(-2, 0)
     if layout == "misaligned":
         return misaligned(torch.randn(shape, dtype=dtype, device=device, generator=generator))
+    if layout == "odd_pitch":
+        pitched = torch.randn((R, *batch, H + 1), dtype=dtype, device=device, generator=generator)
+        return pitched[..., :H]
     raise ValueError(layout)
 
 
