@@ -282,6 +282,8 @@ __device__ __forceinline__ uint4 load_w_vector(const T* row, int k, int k_end, b
   return v;
 }
 
+constexpr int kFinishBatch = 8;  // batch rows whose partial sums a thread loads before storing
+
 // Sum the S partial tiles (S = gridDim.x, the CTAs of one cluster; 1 = this CTA alone), add the
 // bias, convert, store. `partial` is [kBPad][kRowsPerCta + 4] fp32 in every CTA; CTA rank q
 // finishes rows [q * kRowsPerCta / S, (q + 1) * kRowsPerCta / S) of the tile.
@@ -289,12 +291,11 @@ __device__ __forceinline__ uint4 load_w_vector(const T* row, int k, int k_end, b
 // store neighbouring n) and every `groups`-th batch row. It loads the partial sums of
 // kFinishBatch batch rows before it stores any of them. The loads are asm with a memory
 // clobber, kept in program order with the stores to `out`, so one load-add-store per element
-// (as before) waited a shared/DSMEM round trip per element, 15 in a row at 64 batch rows:
-// batching took tp_smallbatch from 45.2 to 41.0 µs (benchmarks/NOTES.md, run 17).
+// (as before) waited a shared/DSMEM round trip per element: 15 in a row for sm90_skinny at 64
+// batch rows and 2 slices, and batching took tp_smallbatch from 45.2 to 41.0 µs
+// (benchmarks/NOTES.md, run 17).
 // Every thread of the CTA (kThreadCount of them) takes part; only the epilogue fields of `p`
 // (out, bias, bias_stride, rows, out_features) are read.
-constexpr int kFinishBatch = 8;
-
 template <typename T, int kRowsPerCta, int kThreadCount = kThreads>
 __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t partial, int row0) {
   constexpr int kLd = kRowsPerCta + 4;
@@ -317,7 +318,8 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
     const float bias_value = bias != nullptr ? to_acc<float>(bias[n * p.bias_stride]) : 0.f;
     for (int b0 = first_b; b0 < p.rows; b0 += kFinishBatch * groups) {
       // Loads of batch rows past the last are predicated off (no branch between the loads, and
-      // no shared/DSMEM traffic for them: at decode a thread has 2 rows, not kFinishBatch).
+      // no shared/DSMEM traffic for them: at decode_oproj, 16 rows over 9 threads a feature, a
+      // thread has 2 rows, not kFinishBatch).
       uint32_t addr[kFinishBatch];
       bool live[kFinishBatch];
       float sums[kFinishBatch];
@@ -662,7 +664,9 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
   const int64_t n = p.reduction();
   plan.row_tiles = static_cast<int>((k + rows_per_cta - 1) / rows_per_cta);
   const int64_t chunks = (n + chunk - 1) / chunk;
-  int max_slices = p.cc_major >= 9 ? kMaxClusterSlices : 1;
+  // Clusters only where the sm_90a code runs (Hopper): any other GPU runs the compute_80 PTX,
+  // which has no cluster barrier or DSMEM, so each CTA would sum only its own partial tile.
+  int max_slices = p.cc_major == 9 ? kMaxClusterSlices : 1;
   while (max_slices > 1 && (max_slices > rows_per_cta || chunks < 2 * max_slices)) max_slices /= 2;
   int slices = 1;
   const double want = 0.9 * p.sm_count;
