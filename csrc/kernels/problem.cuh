@@ -25,6 +25,9 @@ inline int dtype_size(DType t) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether `ptr` is a multiple of `bytes` (a vector or TMA alignment).
+inline bool is_aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
 struct ForwardProblem {
   const void* x;       // (R, B_outer, B_inner, H), last stride 1
   const void* weight;  // (K, R*H)

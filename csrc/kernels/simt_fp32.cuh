@@ -248,13 +248,12 @@ inline int choose_bn(const ForwardProblem& p) {
   return big_tiles >= 4 * int64_t(p.sm_count > 0 ? p.sm_count : 132) ? 128 : 64;
 }
 
-inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // 16-byte loads need H % 4 == 0 (so 4 consecutive k share a shard and R*H % 4 == 0) and every
 // pointer and used stride 16-byte aligned.
 inline bool vector_loads_ok(const ForwardProblem& p) {
   if (p.shard_width % 4 != 0) return false;
-  if (!aligned16(p.x) || !aligned16(p.weight)) return false;
+  if (!is_aligned(p.x, 16) || !is_aligned(p.weight, 16)) return false;
   if (p.num_shards > 1 && p.x_stride_shard % 4 != 0) return false;
   if (p.batch_outer > 1 && p.x_stride_outer % 4 != 0) return false;
   if (p.batch_inner > 1 && p.x_stride_inner % 4 != 0) return false;
@@ -306,7 +305,7 @@ inline void simt_fp32_forward(const ForwardProblem& p, cudaStream_t stream) {
   prm.m_tiles = ceil_div(prm.M, kBM);
   prm.n_tiles = ceil_div(prm.N, bn);
   prm.H = static_cast<int>(p.shard_width);
-  prm.out_vec = aligned16(p.out) && p.out_features % 4 == 0;
+  prm.out_vec = is_aligned(p.out, 16) && p.out_features % 4 == 0;
   const bool vec = vector_loads_ok(p);
   if (bn == 128) {
     vec ? launch<128, true>(prm, stream) : launch<128, false>(prm, stream);

@@ -160,30 +160,30 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-// fp32 load from the shared memory of cluster CTA `rank` at the address `local` has in ours;
-// 0 without touching memory when !live (a predicated load: no branch between a batch of them).
-__device__ __forceinline__ float load_cluster_f32_if(uint32_t local, uint32_t rank, bool live) {
-  float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p ld.shared::cluster.f32 %0, [%1];\n}"
-               : "+f"(v) : "r"(remote), "r"(static_cast<uint32_t>(live)) : "memory");
-#else
-  (void)rank;
-  asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p ld.shared.f32 %0, [%1];\n}"
-               : "+f"(v) : "r"(local), "r"(static_cast<uint32_t>(live)) : "memory");
-#endif
-  return v;
-}
-
-// The same from this CTA's own shared memory.
+// fp32 load from this CTA's shared memory at `local`; 0 without touching memory when !live
+// (a predicated load: no branch between a batch of them).
 __device__ __forceinline__ float load_shared_f32_if(uint32_t local, bool live) {
   float v = 0.f;
   asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p ld.shared.f32 %0, [%1];\n}"
                : "+f"(v) : "r"(local), "r"(static_cast<uint32_t>(live)) : "memory");
   return v;
 }
+
+// The same from the shared memory of cluster CTA `rank`, at the address `local` has in ours.
+__device__ __forceinline__ float load_cluster_f32_if(uint32_t local, uint32_t rank, bool live) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  float v = 0.f;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p ld.shared::cluster.f32 %0, [%1];\n}"
+               : "+f"(v) : "r"(remote), "r"(static_cast<uint32_t>(live)) : "memory");
+  return v;
+#else
+  (void)rank;
+  return load_shared_f32_if(local, live);
+#endif
+}
+
 
 // ---------------------------------------------------------------- shared pieces
 
@@ -341,8 +341,7 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
       }
 #pragma unroll
       for (int j = 0; j < kFinishBatch; ++j) {
-        const int b = b0 + j * groups;
-        if (b < p.rows) out[static_cast<int64_t>(b) * p.out_features] = from_acc<T>(sums[j] + bias_value);
+        if (live[j]) out[static_cast<int64_t>(b0 + j * groups) * p.out_features] = from_acc<T>(sums[j] + bias_value);
       }
     }
   }
@@ -714,7 +713,7 @@ inline SkinnyParams make_params(const ForwardProblem& p, int slice_len) {
   auto stride_ok = [&](int64_t stride, int64_t extent) {
     return extent <= 1 || (stride * esize) % 16 == 0;
   };
-  s.x_vectorized = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.shard_width % vec == 0) &&
+  s.x_vectorized = is_aligned(p.x, 16) && (p.shard_width % vec == 0) &&
                    stride_ok(p.x_stride_shard, p.num_shards) &&
                    stride_ok(p.x_stride_outer, p.batch_outer) &&
                    stride_ok(p.x_stride_inner, p.batch_inner);
@@ -857,7 +856,7 @@ inline const char* skinny_refusal(const ForwardProblem& p) {
     return "skinny: too many row tiles (grid.y)";
   if (p.weight_stride_in != 1) return "skinny: weight's inner stride must be 1";
   const int esize = dtype_size(p.dtype);
-  if (reinterpret_cast<uintptr_t>(p.weight) % 16 != 0 ||
+  if (!is_aligned(p.weight, 16) ||
       (p.out_features > 1 && (p.weight_stride_out * esize) % 16 != 0))
     return "skinny: weight rows not 16-byte aligned";
   if (p.sm_count < 1) return "skinny: unknown SM count";

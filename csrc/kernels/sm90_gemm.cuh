@@ -390,7 +390,7 @@ inline void launch_gather_concat_gemm(const ForwardProblem& p, cudaStream_t stre
   args.kblocks_per_shard = static_cast<int>(ceil_div(H, kBlockK));
   args.num_kblocks = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
   args.a_is_4d = rows.four_d ? 1 : 0;
-  args.vector_store = (reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_features % 8 == 0) ? 1 : 0;
+  args.vector_store = (is_aligned(p.out, 16) && p.out_features % 8 == 0) ? 1 : 0;
 
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute cluster_shape;
@@ -441,7 +441,7 @@ inline const char* tma_view_refusal(const ForwardProblem& p) {
   if (p.shard_width % per_16_bytes != 0) return "H * element size is not a multiple of 16 bytes (TMA strides)";
   if (p.weight_stride_in != 1) return "weight's input dim is not contiguous";
   if (p.weight_stride_out % per_16_bytes != 0) return "weight row stride is not a multiple of 16 bytes";
-  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.weight) % 16 != 0)
+  if (!is_aligned(p.x, 16) || !is_aligned(p.weight, 16))
     return "x or weight is not 16-byte aligned";
   if (p.num_shards > kMaxCoordinate || p.shard_width > kMaxCoordinate || p.out_features > kMaxCoordinate ||
       p.batch_outer > kMaxCoordinate || p.batch_inner > kMaxCoordinate)

@@ -130,10 +130,9 @@ inline const char* tiny_refusal(const ForwardProblem& p) {
 // Whether every W row and every x row segment of 4 columns starts on a 4-element vector.
 inline bool tiny_quads_aligned(const ForwardProblem& p) {
   const int64_t quad_bytes = kTinyColumnsPerLane * dtype_size(p.dtype);
-  const auto aligned = [&](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % quad_bytes == 0; };
   const auto multiple = [](int64_t stride) { return stride % kTinyColumnsPerLane == 0; };
-  return p.shard_width % kTinyColumnsPerLane == 0 && p.weight_stride_in == 1 && aligned(p.weight) &&
-         aligned(p.x) && multiple(p.weight_stride_out) && multiple(p.x_stride_shard) &&
+  return p.shard_width % kTinyColumnsPerLane == 0 && p.weight_stride_in == 1 && is_aligned(p.weight, quad_bytes) &&
+         is_aligned(p.x, quad_bytes) && multiple(p.weight_stride_out) && multiple(p.x_stride_shard) &&
          multiple(p.x_stride_outer) && multiple(p.x_stride_inner);
 }
 
