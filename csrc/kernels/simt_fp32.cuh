@@ -248,7 +248,6 @@ inline int choose_bn(const ForwardProblem& p) {
   return big_tiles >= 4 * int64_t(p.sm_count > 0 ? p.sm_count : 132) ? 128 : 64;
 }
 
-
 // 16-byte loads need H % 4 == 0 (so 4 consecutive k share a shard and R*H % 4 == 0) and every
 // pointer and used stride 16-byte aligned.
 inline bool vector_loads_ok(const ForwardProblem& p) {

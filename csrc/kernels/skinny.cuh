@@ -184,7 +184,6 @@ __device__ __forceinline__ float load_cluster_f32_if(uint32_t local, uint32_t ra
 #endif
 }
 
-
 // ---------------------------------------------------------------- shared pieces
 
 // Byte offset of each batch row's x row (row m = outer * batch_inner + inner), in elements.
