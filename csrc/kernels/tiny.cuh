@@ -23,7 +23,7 @@
 
 #include <cuda_runtime.h>
 
-#include <climits>
+#include <cstdint>
 
 #include "generic_gemm.cuh"
 #include "problem.cuh"
