@@ -106,11 +106,17 @@ def _forward_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None) ->
     return gather_concat_linear_reference(x, weight, bias).contiguous()
 
 
+def shards_of_concat(grad_cat: Tensor, num_shards: int) -> Tensor:
+    """The (R, *batch, H) view of a (*batch, R*H) tensor: the layout grad_x is returned in.
+
+    It is the gradient that ``cat(x.unbind(0), -1)`` (or the ``transpose(1, 2).reshape`` of an
+    attention output) hands back, so it flows into SDPA's backward without a copy."""
+    return grad_cat.unflatten(-1, (num_shards, -1)).movedim(-2, 0)
+
+
 def _grad_x_reference(grad_out: Tensor, weight: Tensor, num_shards: int) -> Tensor:
     _check_grad_out(grad_out, "gather_concat_linear_grad_x")
-    grad_cat = grad_out @ weight  # (*batch, R*H)
-    grad_x = grad_cat.unflatten(-1, (num_shards, -1)).movedim(-2, 0)
-    return grad_x.contiguous()
+    return shards_of_concat((grad_out @ weight).contiguous(), num_shards)
 
 
 def _grad_weight_reference(grad_out: Tensor, x: Tensor) -> Tensor:
@@ -139,7 +145,7 @@ def _grad_x_fake(grad_out: Tensor, weight: Tensor, num_shards: int) -> Tensor:
     _check_grad_out(grad_out, "gather_concat_linear_grad_x")
     torch._check(weight.shape[0] == grad_out.shape[-1])
     torch._check(weight.shape[1] % num_shards == 0)
-    return grad_out.new_empty((num_shards, *grad_out.shape[:-1], weight.shape[1] // num_shards))
+    return shards_of_concat(grad_out.new_empty((*grad_out.shape[:-1], weight.shape[1])), num_shards)
 
 
 @torch.library.register_fake("vga::gather_concat_linear_grad_weight")
@@ -164,6 +170,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out):
     x, weight = ctx.saved_tensors
     grad_x = grad_weight = grad_bias = None
+    grad_out = grad_out.contiguous()  # e.g. the stride-0 gradient of .sum(); a no-op otherwise
     if ctx.needs_input_grad[0]:
         grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, weight, ctx.num_shards)
     if ctx.needs_input_grad[1]:
