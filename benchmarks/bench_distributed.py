@@ -69,6 +69,33 @@ def _vd():
     return vd
 
 
+def pipeline_time(comm, comp, comm_first):
+    from vga_linear.distributed.planner import pipeline_time
+
+    return pipeline_time(comm, comp, comm_first)
+
+
+class _Done:
+    def wait(self):
+        pass
+
+
+class NoComm:
+    """Collectives that move nothing: the strategies' compute alone (the "compute" column)."""
+
+    def all_gather(self, out, inp, group, async_op):
+        return _Done()
+
+    def reduce_scatter(self, out, inp, group, async_op):
+        return _Done()
+
+    def all_reduce(self, t, group, async_op):
+        return _Done()
+
+
+NO_COMM = NoComm()
+
+
 # ----------------------------------------------------------------------------------------------
 # simulation
 # ----------------------------------------------------------------------------------------------
@@ -175,13 +202,13 @@ def simulate_one(kt: KernelTimes, cm, R, B, H, K, dtype, chunks=None):
         sizes = [b1 - b0 for b0, b1 in vd.chunk_bounds(B, C)]
         g_comm = [cm.t_all_gather(R * bc * H * s, R) for bc in sizes]
         g_comp = [kt.op(R, bc, H, K, dtype) + (kt.copy(bc * K * s) if len(sizes) > 1 else 0.0) for bc in sizes]
-        t = vd._pipeline(g_comm, g_comp, comm_first=True)
+        t = pipeline_time(g_comm, g_comp, comm_first=True)
         res[f"gather/{C}"] = (t, sum(g_comp))
         if "gather" not in best or t < res[best["gather"]][0]:
             best["gather"] = f"gather/{C}"
         r_comp = [kt.mm(bc, K, H, dtype, strided_cols=R) for bc in sizes]
         r_comm = [cm.t_all_reduce(bc * K * s, R) for bc in sizes]
-        t = vd._pipeline(r_comm, r_comp, comm_first=False)
+        t = pipeline_time(r_comm, r_comp, comm_first=False)
         res[f"row/{C}"] = (t, sum(r_comp))
         if "row" not in best or t < res[best["row"]][0]:
             best["row"] = f"row/{C}"
@@ -189,7 +216,7 @@ def simulate_one(kt: KernelTimes, cm, R, B, H, K, dtype, chunks=None):
     # link (copy engine) while shard i-1 is multiplied and accumulated into the output
     p2p = [0.0] + [cm.coll_latency / 2 + B * H * s / cm.link_bw for _ in range(R - 1)]
     sm_comp = [kt.mm(B, K, H, dtype)] + [kt.addmm(B, K, H, dtype) for _ in range(R - 1)]
-    t = cm.coll_latency + vd._pipeline(p2p, sm_comp, comm_first=True)
+    t = cm.coll_latency + pipeline_time(p2p, sm_comp, comm_first=True)
     res["symm_mem"] = (t, sum(sm_comp))
     return res, best
 
@@ -282,6 +309,8 @@ def run_simulate(args):
 
 def run_real(args):
     import torch.distributed as dist
+
+    from vga_linear.distributed import strategies
 
     vd = _vd()
     use_cuda = torch.cuda.is_available() and not args.cpu
@@ -400,10 +429,10 @@ def run_real(args):
 
                 if strat == "gather":
                     def comp(C=C):
-                        return vd._ag_forward(x, W, None, group, R, C, comm=False)[0]
+                        return strategies.gather_forward(x, W, None, group, R, C, comm=NO_COMM)[0]
                 else:
                     def comp(C=C):
-                        return vd._rp_forward(x, W, None, group, R, rank, C, False, True, comm=False)
+                        return strategies.row_parallel_forward(x, W, None, group, R, rank, C, False, True, comm=NO_COMM)
 
                 est = vd.plan_all_gather_linear(R, B, H, K, dtype, device_type=dev.type, strategy=strat, chunks=C)
                 rows.append((f"{'gather' if strat == 'gather' else 'row'}/{C}", fn, comp, est.chosen.forward_s))

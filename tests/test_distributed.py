@@ -135,33 +135,43 @@ class _FakeWork:
         self.log.append(("wait", self.tag))
 
 
+class _FakeComm:
+    """Stand-in collectives (vga_linear.distributed.collectives' three functions) that log the schedule."""
+
+    def __init__(self, log, R=1):
+        self.log, self.R = log, R
+
+    def all_gather(self, out, inp, group, async_op):
+        R = self.R
+        out.view(R, *inp.shape).copy_(inp.expand(R, *inp.shape) * torch.arange(1, R + 1).view(R, 1, 1))
+        self.log.append(("issue", len([e for e in self.log if e[0] == "issue"])))
+        return _FakeWork(self.log, self.log[-1][1])
+
+    def all_reduce(self, t, group, async_op):
+        self.log.append(("reduce", t.shape[0]))
+        return _FakeWork(self.log, t.shape[0])
+
+
 def test_gather_overlap_schedule(monkeypatch):
     """All chunk gathers are issued up front; chunk c's compute waits for chunk c only, and reads
     its (R, Bc, H) slab of the gather buffer in place (no copy)."""
-    import vga_linear.distributed as vd
+    from vga_linear.distributed import strategies
 
     R, B, H, K, C = 3, 11, 4, 5, 4
     log, seen = [], []
+    real = strategies.gather_concat_linear
 
-    def fake_gather(out, inp, group, async_op):
-        out.view(R, *inp.shape).copy_(inp.expand(R, *inp.shape) * torch.arange(1, R + 1).view(R, 1, 1))
-        log.append(("issue", len([e for e in log if e[0] == "issue"])))
-        return _FakeWork(log, log[-1][1])
-
-    real = vd._gcl
-
-    def fake_gcl(x, w, b):
+    def fake_gather_concat_linear(x, w, b):
         log.append(("compute", None))
         seen.append(x)
         return real(x, w, b)
 
-    monkeypatch.setattr(vd, "_all_gather", fake_gather)
-    monkeypatch.setattr(vd, "_gcl", fake_gcl)
+    monkeypatch.setattr(strategies, "gather_concat_linear", fake_gather_concat_linear)
     x = torch.randn(B, H, dtype=torch.float64)
     w = torch.randn(K, R * H, dtype=torch.float64)
     b = torch.randn(K, dtype=torch.float64)
-    y, gathered = vd._ag_forward(x, w, b, None, R, C)
-    n = len(vd.chunk_bounds(B, C))
+    y, gathered = strategies.gather_forward(x, w, b, None, R, C, comm=_FakeComm(log, R))
+    n = len(strategies.chunk_bounds(B, C))
     assert [e[0] for e in log[:n]] == ["issue"] * n
     rest = log[n:]
     assert rest == sum(([("wait", c), ("compute", None)] for c in range(n)), [])
@@ -174,26 +184,20 @@ def test_gather_overlap_schedule(monkeypatch):
 def test_row_parallel_overlap_schedule(monkeypatch):
     """Row-parallel: chunk c's all-reduce is issued right after its GEMM, before chunk c+1's
     GEMM, and nothing waits until every chunk is issued."""
-    import vga_linear.distributed as vd
+    from vga_linear.distributed import strategies
 
     log = []
-
-    def fake_ar(t, group, async_op):
-        log.append(("reduce", t.shape[0]))
-        return _FakeWork(log, t.shape[0])
-
-    real_mm = vd._mm_bias
+    real_mm = strategies.mm_bias
 
     def fake_mm(a, w, b, out):
         log.append(("mm", a.shape[0]))
         return real_mm(a, w, b, out)
 
-    monkeypatch.setattr(vd, "_all_reduce", fake_ar)
-    monkeypatch.setattr(vd, "_mm_bias", fake_mm)
+    monkeypatch.setattr(strategies, "mm_bias", fake_mm)
     x = torch.randn(10, 4)
     w = torch.randn(6, 8)
-    vd._rp_forward(x, w, None, None, 2, 1, 3, False, True)
-    sizes = [e - s for s, e in vd.chunk_bounds(10, 3)]
+    strategies.row_parallel_forward(x, w, None, None, 2, 1, 3, False, True, comm=_FakeComm(log))
+    sizes = [e - s for s, e in strategies.chunk_bounds(10, 3)]
     expect = sum(([("mm", s), ("reduce", s)] for s in sizes), []) + [("wait", s) for s in sizes]
     assert log == expect
 
@@ -241,11 +245,12 @@ def test_cost_model_key():
     import pickle
 
     import vga_linear.distributed as vd
+    from vga_linear.distributed.cost_model import _COST_MODEL_BY_KEY
 
     cm = vd.default_cost_model("cuda").replace(link_bw=123e9, gemm_flops={"bf16": 1e15})
     for other in (pickle.loads(pickle.dumps(cm)), copy.deepcopy(cm), copy.copy(cm), cm.replace()):
         assert other == cm and other.key == cm.key and isinstance(other.key, str)
-        assert vd._COST_MODEL_BY_KEY[other.key] == cm
+        assert _COST_MODEL_BY_KEY[other.key] == cm
     assert cm.replace(link_bw=124e9).key != cm.key
 
 
