@@ -18,8 +18,9 @@ Conventions (also printed by bench.py):
     where copy_bandwidth = (bytes read + bytes written) / time of a large
     device-to-device copy; % of roofline = 100 * floor / measured.
   * precision: torch.allclose-style pass, |out - ref| <= atol + rtol*|ref|
-    elementwise with atol = rtol = tol (1e-4 fp32, 1e-2 fp16/bf16, 1e-10 fp64),
-    against a float64 reference computed from the same inputs.
+    elementwise with atol = rtol = tol, the op's tolerance for the dtype
+    (vga_linear/_tolerance.py: 1e-4 fp32, 1e-2 fp16/bf16), against a float64
+    reference computed from the same inputs.
     max_rel = max |out - ref| / (|ref| + atol/rtol): the relative error with
     the allclose floor eps = atol/rtol (= 1 here), so that near-zero outputs
     (cancellation) count absolutely and pass <=> max_rel <= tol exactly.
@@ -43,7 +44,6 @@ DTYPE_ALIASES = {
     "fp64": "fp64", "float64": "fp64", "double": "fp64", "f64": "fp64",
 }
 ELEM_SIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2, "fp64": 1e-10}
 
 
 def canon_dtype(name: str) -> str:
@@ -58,8 +58,9 @@ def elem_size(dtype: str) -> int:
 
 
 def tolerance_for(dtype: str) -> float:
-    """atol = rtol used for the pass/fail check of a dtype."""
-    return TOLERANCE[canon_dtype(dtype)]
+    """atol = rtol used for the pass/fail check of a dtype: the op's (vga_linear/_tolerance.py)."""
+    from vga_linear._tolerance import tolerance
+    return tolerance(torch_dtype(dtype))
 
 
 def torch_dtype(dtype: str):

@@ -1,6 +1,5 @@
-"""The op against the float64 reference: shapes, dtypes, strides, errors, autograd."""
-
-import math
+"""The op's contract against the float64 reference, on every device: shapes, dtypes, strides,
+errors, autograd. Each CUDA kernel family forced on its own: tests/test_families.py."""
 
 import pytest
 import torch
@@ -9,28 +8,18 @@ from hypothesis import strategies as st
 
 import vga_linear
 from conftest import DEVICES
-from utils import DTYPES, TOLERANCE, assert_close_to_float64, make_params, make_x, misaligned, run_op
+from utils import (  # noqa: F401  (highest_fp32_precision: an autouse fixture)
+    DTYPES,
+    SHAPES,
+    TOLERANCE,
+    assert_close_to_float64,
+    highest_fp32_precision,
+    make_params,
+    make_x,
+    run_op,
+)
 
-SHAPES = [
-    # (R, batch, H, K): the seed, R=1, odd H, K=1, B=1, two batch dims, tails everywhere
-    (4, (12,), 32, 56),
-    (1, (7,), 16, 5),
-    (3, (5,), 13, 9),
-    (2, (9,), 8, 1),
-    (5, (1,), 24, 33),
-    (2, (3, 5), 16, 7),
-    (8, (65,), 72, 130),
-    (3, (2, 1), 1, 3),
-]
 LAYOUTS = ["contiguous", "sdpa", "padded", "shard_last"]
-
-
-@pytest.fixture(autouse=True)
-def _highest_fp32_precision():
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(previous)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -235,126 +224,6 @@ def test_gradient_of_an_expanded_grad_out(device):
     vga_linear.reference.gather_concat_linear_reference(x64, w64, b).sum().backward()
     torch.testing.assert_close(x.grad, x64.grad)
     torch.testing.assert_close(w.grad, w64.grad)
-
-
-# -- CUDA only: each kernel family, forced, and 64-bit indexing ----------------------
-
-FAMILIES = vga_linear.ops.KERNEL_FAMILIES
-
-
-def _family_refuses(x, w, b, family):
-    try:
-        return run_op(x, w, b, family), None
-    except RuntimeError as exc:
-        message = str(exc)
-        if "unknown kernel family" in message or "refuses this input" in message:
-            return None, message
-        raise
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES + [(8, (64,), 1024, 520), (32, (16,), 128, 300),
-                                            (4, (130,), 136, 200), (2, (300,), 64, 257),
-                                            # more 128 x 256 tiles than Hopper has SMs, tails in rows and K
-                                            (2, (2050,), 64, 2312)], ids=str)
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_each_family_is_right_or_refuses(family, dtype, shape, bias):
-    R, batch, H, K = shape
-    # x's layout, and whether W starts one element off: each alignment condition broken alone.
-    strided = "sdpa" if len(batch) == 2 else "padded"
-    for layout, w_misaligned in (("contiguous", False), (strided, False), ("misaligned", False),
-                                 ("contiguous", True), ("odd_pitch", False)):
-        x = make_x(R, batch, H, dtype, "cuda", layout)
-        w, b = make_params(R, H, K, dtype, "cuda", bias=bias)
-        if w_misaligned:
-            w = misaligned(w)
-        out, refusal = _family_refuses(x, w, b, family)
-        if out is None:
-            assert refusal, "a refusal must say why"
-            continue
-        assert_close_to_float64(out, x, w, b)
-
-
-def _run_family_or_skip(x, w, b, family):
-    """The family's output and the float64 reference; skips when the family refuses."""
-    out, refusal = _family_refuses(x, w, b, family)
-    if out is None:
-        pytest.skip(refusal)
-    return out, vga_linear.reference.gather_concat_linear_float64(x, w, b)
-
-
-def _assert_same_nan_and_inf(out, ref):
-    assert torch.equal(out.isnan(), ref.isnan())
-    assert torch.equal(out.isposinf(), ref.isposinf()) and torch.equal(out.isneginf(), ref.isneginf())
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape", [(2, (4,), 8, 6), (4, (40,), 64, 72), (4, (200,), 128, 136)], ids=str)
-def test_each_family_propagates_nan_and_inf(family, dtype, shape):
-    R, batch, H, K = shape
-    x = make_x(R, batch, H, dtype, "cuda")
-    w, b = make_params(R, H, K, dtype, "cuda")
-    x[1, 2, 3] = float("nan")
-    w[4, 1] = float("inf")
-    w[5, 2] = float("-inf")
-    out, ref = _run_family_or_skip(x, w, b, family)
-    _assert_same_nan_and_inf(out, ref)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_each_family_multiplies_inf_as_f_linear_does(family, dtype):
-    # inf times a value exact in TF32 (a naive 3xTF32 split gives it a zero low half, and
-    # inf * 0 = NaN), times 0, and times +-inf at the same reduction index.
-    R, batch, H, K = 2, (40,), 64, 72
-    x = make_x(R, batch, H, dtype, "cuda")
-    w, b = make_params(R, H, K, dtype, "cuda")
-    w[:, H + 5] = 0.5
-    w[3, H + 5] = 0.0
-    w[4, H + 5] = float("inf")
-    w[6, H + 5] = float("-inf")
-    x[1, 7, 5] = float("inf")
-    x[1, 9, 5] = float("-inf")
-    out, ref = _run_family_or_skip(x, w, b, family)
-    _assert_same_nan_and_inf(out, ref)
-    finite = ref.isfinite()
-    tol = TOLERANCE[dtype]
-    torch.testing.assert_close(out.double()[finite], ref[finite], atol=tol, rtol=tol)
-
-
-@pytest.mark.cuda
-def test_kernel_families_match_the_extension():
-    x = make_x(2, (3,), 8, torch.float32, "cuda")
-    w, b = make_params(2, 8, 4, torch.float32, "cuda")
-    with pytest.raises(RuntimeError, match="known: " + ", ".join(FAMILIES) + "(?!,)"):
-        torch.ops.vga._gather_concat_linear_family(x, w, b, "no_such_family")
-
-
-@pytest.mark.cuda
-def test_auto_dispatch_names_an_accepting_family():
-    x = make_x(4, (12,), 32, torch.float32, "cuda")
-    w, b = make_params(4, 32, 56, torch.float32, "cuda")
-    family = torch.ops.vga._gather_concat_linear_choice(x, w, b)
-    assert family in FAMILIES
-    assert_close_to_float64(run_op(x, w, b, family), x, w, b)
-
-
-@pytest.mark.cuda
-def test_more_than_2_pow_31_elements():
-    R, B, H, K = 4, 2**21 + 3, 256, 8  # x holds 2^31 + 3072 bf16 elements
-    torch.manual_seed(0)
-    x = torch.randn(R, B, H, dtype=torch.bfloat16, device="cuda")
-    assert x.numel() > 2**31
-    w, b = make_params(R, H, K, torch.bfloat16, "cuda")
-    out = run_op(x, w, b)
-    rows = torch.cat([torch.arange(0, 64), torch.arange(B - 4096, B)]).cuda()
-    assert_close_to_float64(out[rows], x[:, rows], w, b)
-    assert not out.isnan().any()
 
 
 # -- the Python entry point's no-autograd fast path ------------------------------------

@@ -1,13 +1,34 @@
 """Input makers and the accuracy check shared by the tests."""
 
+import pytest
 import torch
 
+from vga_linear._tolerance import TOLERANCE  # noqa: F401  (atol = rtol per dtype; tests import it from here)
 from vga_linear.reference import gather_concat_linear_float64
 
-# atol = rtol: KernelBench's tolerances (fp32 at "highest" precision; half types).
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 POISON = float("nan")
+SHAPES = [
+    # (R, batch, H, K): the seed, R=1, odd H, K=1, B=1, two batch dims, tails everywhere
+    (4, (12,), 32, 56),
+    (1, (7,), 16, 5),
+    (3, (5,), 13, 9),
+    (2, (9,), 8, 1),
+    (5, (1,), 24, 33),
+    (2, (3, 5), 16, 7),
+    (8, (65,), 72, 130),
+    (3, (2, 1), 1, 3),
+]
+
+
+@pytest.fixture(autouse=True)
+def highest_fp32_precision():
+    """fp32 matmuls at "highest" precision (no TF32), as the contract's tolerance assumes; autouse in
+    every test module that imports it."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)
 
 
 def make_x(R, batch, H, dtype, device, layout="contiguous", generator=None):
