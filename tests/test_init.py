@@ -21,10 +21,10 @@ print("loaded" if vga_linear.kernels_loaded() else "reference:", vga_linear.kern
 """
 
 
-def _run(code, **env):
+def _run(code, cwd=ROOT, **env):
     return subprocess.run(
         [sys.executable, "-W", "always", "-c", code],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         capture_output=True, text=True, timeout=120,
     )
 
@@ -36,25 +36,118 @@ def test_force_cpu_uses_the_reference_silently():
     assert "RuntimeWarning" not in result.stderr
 
 
+# A finder that hands out a vga_linear._C whose loading fails as a .so without its libcudart would.
+BROKEN_EXTENSION = """
+import importlib.abc, importlib.machinery, sys
+class _Broken(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, self) if name == "vga_linear._C" else None
+    def create_module(self, spec):
+        raise OSError("libcudart.so.13: cannot open shared object file: No such file or directory")
+    def exec_module(self, module):
+        pass
+sys.meta_path.insert(0, _Broken())
+"""
+
+
 def test_a_broken_extension_warns_once_and_falls_back():
-    # sys.modules[name] = None makes `from . import _C` raise ImportError, as a bad .so would.
-    code = "import sys; sys.modules['vga_linear._C'] = None\n" + CHECK_OP_WORKS
-    result = _run(code)
+    result = _run(BROKEN_EXTENSION + CHECK_OP_WORKS)
     assert result.returncode == 0, result.stderr
-    assert "reference: ModuleNotFoundError" in result.stdout
+    assert "reference: OSError: libcudart.so.13: cannot open" in result.stdout
     assert result.stderr.count("the CUDA kernels failed to load") == 1, result.stderr
     if (ROOT / "vga_linear" / "_build_info.py").exists():
         assert "they were built for" in result.stderr
 
 
+def _package_copy(tmp_path, with_build=False):
+    """A copy of vga_linear/ without the compiled _C (and without _build_info unless asked)."""
+    import shutil
+
+    dest = tmp_path / "src"
+    shutil.copytree(ROOT / "vga_linear", dest / "vga_linear",
+                    ignore=shutil.ignore_patterns("_C*.so", "__pycache__", *([] if with_build else ["_build_info.py"])))
+    return dest
+
+
+def test_an_unbuilt_source_tree_says_so_not_circular_import(tmp_path):
+    src = _package_copy(tmp_path)
+    result = _run(CHECK_OP_WORKS, cwd=tmp_path, PYTHONPATH=str(src))
+    assert result.returncode == 0, result.stderr
+    assert "a source tree that was never built" in result.stdout
+    assert "circular import" not in result.stdout + result.stderr
+    assert result.stderr.count("the CUDA kernels are not available") == 1, result.stderr
+
+
+def test_a_source_tree_shadowing_the_installed_package_names_both(tmp_path):
+    # An "installed" vga-linear (dist-info + package) in site/, the source tree first on the path.
+    src = _package_copy(tmp_path)
+    site = tmp_path / "site"
+    (site / "vga_linear").mkdir(parents=True)
+    (site / "vga_linear" / "__init__.py").write_text("")
+    info = site / "vga_linear-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vga-linear\nVersion: 0.1.0\n")
+    (info / "RECORD").write_text("vga_linear/__init__.py,,\n")
+    result = _run(CHECK_OP_WORKS, cwd=tmp_path, PYTHONPATH=f"{src}{os.pathsep}{site}")
+    assert result.returncode == 0, result.stderr
+    assert "this source tree shadows the installed vga-linear in" in result.stdout
+    assert str(site / "vga_linear") in result.stdout
+
+
 def test_info_reports_the_build():
     result = _run("import runpy; runpy.run_module('vga_linear.info', run_name='__main__')")
     assert result.returncode == 0, result.stderr
-    for field in ("vga-linear", "torch", "CUDA kernels", "GPU"):
+    for field in ("vga-linear", "torch", "CUDA kernels", "kernel families", "GPU"):
         assert field in result.stdout
+
+
+def test_info_names_the_families_a_gpu_can_run():
+    from vga_linear.info import runnable_families
+    from vga_linear.ops import KERNEL_FAMILIES
+
+    archs = ["sm_90a", "compute_80"]
+    assert runnable_families(KERNEL_FAMILIES, (9, 0), archs) == list(KERNEL_FAMILIES)
+    on_ampere = runnable_families(KERNEL_FAMILIES, (8, 0), archs)
+    assert on_ampere and not any(f.startswith("sm90_") for f in on_ampere) and "generic" in on_ampere
+    assert runnable_families(KERNEL_FAMILIES, (7, 5), archs) == []
+
+
+def test_families_match_the_dispatch_table():
+    # vga_linear.ops.KERNEL_FAMILIES mirrors csrc's kFamilies, which the build records.
+    import re
+
+    text = (ROOT / "csrc" / "gather_concat_linear.cu").read_text()
+    table = re.search(r"kFamilies\[\]\s*=\s*\{(.*?)\};", text, re.DOTALL).group(1)
+    from vga_linear.ops import KERNEL_FAMILIES
+
+    assert tuple(re.findall(r'\{\s*"(\w+)"', table)) == KERNEL_FAMILIES
 
 
 @pytest.mark.skipif(os.environ.get("CI") != "true", reason="CI builds the extension and requires it")
 def test_ci_build_loaded_the_kernels():
     result = _run("import vga_linear; assert vga_linear.kernels_loaded(), vga_linear.kernels_not_loaded_reason()")
     assert result.returncode == 0, result.stderr
+
+
+def test_the_cpu_fast_path_answers_and_refuses_as_the_op_does():
+    # vga_linear.gather_concat_linear skips the dispatcher for plain CPU tensors (ops.py):
+    # it must give the op's results and the op's error messages.
+    import torch
+
+    import vga_linear
+
+    x, w, b = torch.randn(3, 4, 5), torch.randn(6, 15), torch.randn(6)
+    strided = torch.randn(4, 3, 5).transpose(0, 1)  # (R, B, H) view of a (B, R, H) tensor
+    for args in ((x, w, b), (x, w, None), (strided, w, b), (torch.randn(2, 2, 3, 5), torch.randn(6, 10), b),
+                 (torch.randn(0, 4, 5), torch.randn(6, 0), b)):
+        torch.testing.assert_close(vga_linear.gather_concat_linear(*args),
+                                   torch.ops.vga.gather_concat_linear(*args), rtol=0, atol=0)
+    bad = [(x[0], w, b), (x, w[:, :10], b), (x, w, b[:1]), (x, w, b[None]), (x.double(), w, b),
+           (x, w.double(), b), (x, w, b.half()), (x.int(), w.int(), b.int()), (x.mT.contiguous().mT, w, b),
+           (x, w[0], b)]
+    for args in bad:
+        with pytest.raises(RuntimeError) as op_error:
+            torch.ops.vga.gather_concat_linear(*args)
+        with pytest.raises(RuntimeError) as fn_error:
+            vga_linear.gather_concat_linear(*args)
+        assert str(fn_error.value) == str(op_error.value)

@@ -6,16 +6,42 @@ concatenation. Importing this package registers the op: CUDA kernels from the
 compiled extension ``vga_linear._C`` when it loads, the PyTorch reference otherwise.
 """
 
+import importlib.util
 import os
 import warnings
 
-import torch  # noqa: F401  (loads libtorch, which vga_linear._C links against)
+import torch  # loads libtorch, which vga_linear._C links against
 
 __version__ = "0.1.0"
+_HERE = os.path.dirname(os.path.realpath(__file__))
+
+
+def _installed_copy_elsewhere():
+    """Where an installed vga-linear lives when it is not this directory (a source tree on
+    sys.path, e.g. the repo root as the current directory, shadows it), else None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        installed = distribution("vga-linear").locate_file("vga_linear/__init__.py")
+    except (ImportError, PackageNotFoundError):
+        return None
+    installed = os.path.dirname(os.path.realpath(installed))
+    if os.path.isfile(os.path.join(installed, "__init__.py")) and installed != _HERE:
+        return installed
+    return None
+
+
+def _warn(message):
+    warnings.warn(
+        f"vga_linear: {message}. gather_concat_linear runs the PyTorch reference instead.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _load_extension():
-    """Import the compiled kernels; on any failure warn once and return the reason."""
+    """Import the compiled kernels; when they can't be used, return why (warning once where
+    that is a surprise: the kernels should be there, or a GPU is visible)."""
     if os.environ.get("VGA_LINEAR_FORCE_CPU") == "1":
         return "VGA_LINEAR_FORCE_CPU=1"
     try:
@@ -23,10 +49,26 @@ def _load_extension():
     except ImportError:
         _build_info = None
     if _build_info is not None and not _build_info.EXTENSION_BUILT:
-        return f"the package was built without CUDA kernels ({_build_info.NOT_BUILT_REASON})"
+        reason = f"the package was built without CUDA kernels ({_build_info.NOT_BUILT_REASON})"
+        if torch.cuda.is_available():
+            _warn(f"{reason}, but a CUDA GPU is visible; rebuild where nvcc and a CUDA torch are present")
+        return reason
+    if importlib.util.find_spec(__name__ + "._C") is None:
+        elsewhere = _installed_copy_elsewhere()
+        if elsewhere is not None:
+            reason = (f"{_HERE} has no compiled _C: this source tree shadows the installed vga-linear "
+                      f"in {elsewhere} (run from another directory, or install in place: "
+                      "pip install --no-build-isolation -e .)")
+        elif _build_info is None:
+            reason = (f"{_HERE} has no compiled _C: a source tree that was never built "
+                      "(pip install --no-build-isolation -e . builds it in place)")
+        else:
+            reason = f"{_HERE} has no compiled _C although the build made one (deleted since?)"
+        _warn(f"the CUDA kernels are not available: {reason}")
+        return reason
     try:
         from . import _C  # noqa: F401  (loading the library registers the kernels)
-    except Exception as exc:  # an ImportError, an OSError from a missing libcudart, ...
+    except Exception as exc:  # an OSError from a missing libcudart, an undefined symbol, ...
         built_for = "an unknown build"
         if _build_info is not None:
             built_for = (
@@ -34,12 +76,7 @@ def _load_extension():
                 f"CUDA {_build_info.BUILT_WITH_CUDA}, archs {', '.join(_build_info.CUDA_ARCHS)}"
             )
         reason = f"{type(exc).__name__}: {exc}"
-        warnings.warn(
-            f"vga_linear: the CUDA kernels failed to load ({reason}); they were built for "
-            f"{built_for}. gather_concat_linear runs the PyTorch reference instead.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _warn(f"the CUDA kernels failed to load ({reason}); they were built for {built_for}")
         return reason
     return None
 

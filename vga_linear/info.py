@@ -33,6 +33,8 @@ def report() -> str:
     else:
         lines.append(f"CUDA kernels      not loaded: {vga_linear.kernels_not_loaded_reason()}")
         lines.append("                  gather_concat_linear runs the PyTorch reference")
+    families = built_families(build)
+    lines.append(f"kernel families   {', '.join(families) if families else 'none (no CUDA build)'}")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
@@ -40,9 +42,30 @@ def report() -> str:
                 f"GPU {i}             {props.name}, compute capability {props.major}.{props.minor}, "
                 f"{props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB"
             )
+            if families:
+                runs = runnable_families(families, (props.major, props.minor), build.CUDA_ARCHS)
+                lines.append(f"  runs here       {', '.join(runs) if runs else 'none'}"
+                             + ("" if vga_linear.kernels_loaded() else " (once the kernels load)"))
+                lines.append(f"  not here        {', '.join(f for f in families if f not in runs) or '-'}")
     else:
         lines.append("GPU               none visible")
     return "\n".join(lines)
+
+
+def built_families(build) -> tuple:
+    """The kernel families of the build (csrc's kFamilies when it was built), () without one."""
+    if build is None or not build.EXTENSION_BUILT:
+        return ()
+    return tuple(getattr(build, "KERNEL_FAMILIES", ()) or vga_linear.ops.KERNEL_FAMILIES)
+
+
+def runnable_families(families, capability, archs) -> list:
+    """The families a GPU of this compute capability can run with this build's code: sm90_*
+    need the sm_90a machine code and a Hopper GPU (cc 9.0: wgmma, TMA, clusters); the others
+    need cc >= 8.0 (mma.sync, cp.async), from sm_90a code on Hopper, else the compute_80 PTX."""
+    hopper = capability == (9, 0) and "sm_90a" in archs
+    others = hopper or (capability >= (8, 0) and "compute_80" in archs)
+    return [f for f in families if (hopper if f.startswith("sm90_") else others)]
 
 
 if __name__ == "__main__":

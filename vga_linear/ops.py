@@ -14,9 +14,11 @@ Argument errors read the same on every device; csrc/gather_concat_linear.cu word
 """
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from . import kernels_loaded
+from .reference import gather_concat_linear_reference
 
 SCHEMAS = {
     "gather_concat_linear": "(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
@@ -27,6 +29,7 @@ SCHEMAS = {
 # op vga::_gather_concat_linear_family(x, weight, bias, name) runs one of them by name.
 KERNEL_FAMILIES = ("tiny", "sm90_skinny", "skinny", "sm90_tf32x3", "simt_fp32", "sm90_gemm", "generic")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_SUPPORTED_DTYPE_SET = frozenset(SUPPORTED_DTYPES)
 _DTYPE_NAMES = "float32, float16, bfloat16 and float64"
 
 _lib = torch.library.Library("vga", "FRAGMENT")
@@ -99,11 +102,29 @@ def _check_grad_out(grad_out: Tensor, op: str) -> None:
 # The reference kernels (CompositeExplicitAutograd: CPU, and any device without its own).
 
 
-def _forward_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    from .reference import gather_concat_linear_reference
+def _args_plainly_valid(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """check_forward_args's rules as plain comparisons on concrete shapes: about 1 us where
+    the torch._check calls cost ~20 (which would double the CPU op at small shapes). False
+    means "run check_forward_args", which raises the error the rules word."""
+    xs, ws = x.shape, weight.shape
+    if not (len(xs) in (3, 4) and len(ws) == 2 and ws[1] == xs[0] * xs[-1]):
+        return False
+    dtype, device = x.dtype, x.device
+    if dtype not in _SUPPORTED_DTYPE_SET or weight.dtype != dtype or weight.device != device:
+        return False
+    if bias is not None and (bias.dtype != dtype or bias.device != device or bias.shape != (ws[0],)):
+        return False
+    return xs[-1] <= 1 or x.stride(-1) == 1
 
-    check_forward_args(x, weight, bias)
-    return gather_concat_linear_reference(x, weight, bias).contiguous()
+
+def _forward_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    # This real kernel sees concrete shapes (tracing with fake tensors runs _forward_fake).
+    if not _args_plainly_valid(x, weight, bias):
+        check_forward_args(x, weight, bias)
+    if x.shape[0] == 0:
+        return gather_concat_linear_reference(x, weight, bias).contiguous()
+    # = gather_concat_linear_reference, inlined: CPU calls at small shapes are Python-bound.
+    return F.linear(torch.cat(x.unbind(0), -1), weight, bias).contiguous()
 
 
 def shards_of_concat(grad_cat: Tensor, num_shards: int) -> Tensor:
@@ -200,16 +221,48 @@ def _autograd_has_nothing_to_do(x: Tensor, weight: Tensor, bias: Tensor | None) 
     return not (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
 
 
+_is_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def _cpu_forward_direct(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The CPU kernel for a call that may skip the dispatcher: the concat as
+    ``movedim(0, -2).flatten(-2)`` (one copy, or none when x is a transposed (*batch, R, H)
+    tensor; the same values as cat) into ``F.linear``. Only the rules F.linear would not
+    enforce itself are checked up front; any error F.linear raises is re-raised as
+    check_forward_args words it."""
+    if not (x.dim() in (3, 4) and weight.dim() == 2 and x.dtype in _SUPPORTED_DTYPE_SET
+            and (x.is_contiguous() or x.stride(-1) == 1)
+            and (bias is None or (bias.dim() == 1 and bias.numel() == weight.shape[0]))):
+        check_forward_args(x, weight, bias)  # raises; the rare inputs it lets through go on below
+    try:
+        return F.linear(x.movedim(0, -2).flatten(-2), weight, bias).contiguous()
+    except RuntimeError:
+        check_forward_args(x, weight, bias)
+        raise
+
+
 def gather_concat_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(torch.cat(x.unbind(0), -1), weight, bias)`` without materialising the concat.
 
     x: (R, *batch, H) with one or two batch dims, last dim contiguous (other strides free);
     weight: (K, R*H); bias: (K,) or None. Returns a contiguous (*batch, K) tensor of x's dtype.
 
-    Same as ``torch.ops.vga.gather_concat_linear``, but when autograd has nothing to record it
-    calls the kernel below the autograd key directly, skipping the Python autograd kernel that
+    Same as ``torch.ops.vga.gather_concat_linear``, with the eager call overhead cut. Plain
+    CPU tensors with nothing for autograd to record, outside tracing and dispatch modes, go
+    straight to the CPU computation (the dispatcher's round trip into a Python kernel costs
+    more than a small shape's cat + F.linear). Otherwise, when autograd has nothing to record,
+    the op is called below the autograd key, skipping the Python autograd kernel that
     ``register_autograd`` installs (about half of the eager call overhead of a small shape).
     """
+    if (
+        type(x) is Tensor and x.is_cpu and type(weight) is Tensor
+        and not ((x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+                 and _is_grad_enabled())
+        and not _is_compiling() and _dispatch_modes() == 0
+    ):
+        return _cpu_forward_direct(x, weight, bias)
     if _autograd_has_nothing_to_do(x, weight, bias):
         with torch._C._AutoDispatchBelowAutograd():
             return _forward_op(x, weight, bias)
