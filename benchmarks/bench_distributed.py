@@ -3,12 +3,12 @@
 
 Real run (one process per GPU; NCCL on GPUs, gloo on CPUs):
 
-    torchrun --nproc_per_node 8 benchmarks/bench_distributed.py            # DESIGN.md shapes
+    torchrun --nproc_per_node 8 benchmarks/bench_distributed.py            # the anchor shapes
     torchrun --nproc_per_node 2 benchmarks/bench_distributed.py --cpu      # tiny shapes, gloo
 
-For each shape (the seed shapes of /work/shared/DESIGN.md with their total input width
-IN = R_seed * H_seed split over the world size R: x_local is (B, IN/R), W is (K, IN)) it
-times, on the slowest rank (median of --iters, ranks aligned by a barrier before every call):
+For each shape (bench.py's anchor shapes, with their total input width IN = R_seed * H_seed
+split over the world size R: x_local is (B, IN/R), W is (K, IN)) it times, on the slowest rank
+(median of --iters, ranks aligned by a barrier before every call):
 
   naive       dist.all_gather(list) + torch.cat(-1) + F.linear      (what users write)
   symm_mem    torch.ops.symm_mem.fused_all_gather_matmul(x, [W.T], gather_dim=1)   (CUDA, R>1)
@@ -16,8 +16,8 @@ times, on the slowest rank (median of --iters, ranks aligned by a barrier before
   row/C       all_gather_linear(strategy="row_parallel", chunks=C)
   auto        all_gather_linear(strategy="auto")
 
-and for each row its compute-only time (the same kernels with the collectives left out) and
-the exposed communication = time - compute-only.  Speedups are naive/row and symm_mem/row.
+and for each row its compute-only time (the same strategy code handed collectives that move
+nothing, NoComm below) and the exposed communication = time - compute-only.  Speedups are naive/row and symm_mem/row.
 
 Simulation (no process group, one GPU or none):
 
@@ -30,7 +30,6 @@ MODEL, not a measurement, and says so in its output.
 """
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -39,14 +38,16 @@ import time
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
+import metrics as M  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-# name, R_seed, B, H_seed, K, dtype  (DESIGN.md "Anchors measured on the H200")
+# name, R_seed, B, H_seed, K, dtype  (bench.py's anchor shapes, as measured on the H200)
 SHAPES = [
     ("seed", 4, 12, 32, 56, "fp32"),
     ("decode_oproj", 32, 16, 128, 4096, "bf16"),
@@ -64,6 +65,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 
 
 def _vd():
+    harness.import_vga_linear()
     import vga_linear.distributed as vd
 
     return vd
@@ -168,7 +170,7 @@ class KernelTimes:
     def addmm(self, M, N, Kd, dtype):
         """out += a @ b (symm_mem's per-shard accumulation)."""
         if not self.measure:
-            s = torch.empty((), dtype=dtype).element_size()
+            s = dtype.itemsize
             return self.cm.t_gemm(M, N, Kd, dtype) + M * N * s / self.cm.mem_bw
         a = torch.randn(M, Kd, device=self.dev, dtype=dtype)
         b = torch.randn(Kd, N, device=self.dev, dtype=dtype)
@@ -189,7 +191,7 @@ class KernelTimes:
 def simulate_one(kt: KernelTimes, cm, R, B, H, K, dtype, chunks=None):
     """Predicted forward times (s) per strategy for one (R, B, H, K); dict name -> (total, compute)."""
     vd = _vd()
-    s = torch.empty((), dtype=dtype).element_size()
+    s = dtype.itemsize
     IN = R * H
     res = {}
     # naive: all_gather(list) (the NCCL list form flattens and copies out) + cat + F.linear
@@ -295,10 +297,11 @@ def run_simulate(args):
             by = {e.strategy: e.comm_bytes for e in pf.estimates}
             print(f"{name:<14}{f'{R},{B},{H},{K}':>22}{f'{pf.strategy}/{pf.chunks}':>16}{f'{pt.strategy}/{pt.chunks}':>16}"
                   f"   {by['gather'] / 1e6:.3g} MB vs {by['row_parallel'] / 1e6:.3g} MB")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"mode": "simulate", "model_not_measurement": True, "link_gbps": args.link_gbps,
-                       "latency_us": args.latency_us, "kernel_source": kt.source, "rows": rows}, f, indent=1)
+    harness.write_json(args.json, {
+        "mode": "simulate", "model_not_measurement": True, "link_gbps": args.link_gbps,
+        "latency_us": args.latency_us, "kernel_source": kt.source, "rows": rows,
+        "meta": harness.environment("cuda" if kt.measure else "cpu"),
+    })
     return 0
 
 
@@ -456,15 +459,17 @@ def run_real(args):
                 if rank == 0:
                     sp_n = times["naive"] / t if "naive" in times else float("nan")
                     sp_s = times["symm_mem"] / t if "symm_mem" in times else float("nan")
-                    tol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
+                    # max error / max |ref|: twice the op's tolerance for the half types, whose
+                    # row-parallel partial sums are rounded before the reduction
+                    tol = M.tolerance_for(dts) * (2 if dtype in (torch.bfloat16, torch.float16) else 1)
                     print(f"{name:<14}{f'{R},{B},{H},{K}':>22}{dts:>5}  {label:<12}{t * 1e6:>10.1f}{tc * 1e6:>10.1f}"
                           f"{(t - tc) * 1e6:>10.1f}{sp_n:>9.2f}{sp_s:>8.2f}"
                           f"{'' if model is None else f'{model * 1e6:.1f}':>10}  {'ok' if err <= tol else f'ERR {err:.1e}'}")
         if rank == 0:
             print(f"{'':<14}auto plan: {plan.strategy}/{plan.chunks} -- {plan.reason}")
-    if rank == 0 and args.json:
-        with open(args.json, "w") as f:
-            json.dump({"mode": "measured", "world": R, "backend": backend, "rows": results}, f, indent=1)
+    if rank == 0:
+        harness.write_json(args.json, {"mode": "measured", "world": R, "backend": backend, "rows": results,
+                                       "meta": harness.environment(dev.type)})
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 import bench
+import harness as H
 import metrics as M
-import vga_linear
 
+vga_linear = H.import_vga_linear()
 FAMILIES = vga_linear.ops.KERNEL_FAMILIES
 
 
@@ -33,10 +34,10 @@ def main(argv=None) -> int:
         return 2
     torch.set_float32_matmul_precision("highest")
     shapes = [M.parse_shape(s) for s in args.shape] if args.shape else bench.suite_shapes(args.suite)
-    timer = bench.GpuTimer()
+    timer = H.GpuTimer()
     print(f"{'shape':34s} {'auto':>10s} " + " ".join(f"{f:>10s}" for f in FAMILIES) + f" {'cublas':>10s}   (us)")
     for shape in shapes:
-        inp = bench.make_inputs(shape, "cuda", seed=0, requires_grad=False)
+        inp = H.make_inputs(shape, "cuda", seed=0, requires_grad=False)
         x, w, b, a = inp["x"], inp["w"], inp["b"], inp["a"]
         cells = []
         for family in FAMILIES:
@@ -48,8 +49,8 @@ def main(argv=None) -> int:
                 continue
             cells.append(f"{statistics.median(timer.run(fn, rep_ms=args.rep_ms)):10.2f}")
         cublas = statistics.median(timer.run(lambda: F.linear(a, w, b), rep_ms=args.rep_ms))
-        auto = torch.ops.vga._gather_concat_linear_choice(x, w, b)
-        print(f"{shape.name + ' ' + shape.spec():34s} {auto:>10s} " + " ".join(f"{c:>10s}" for c in cells)
+        auto = H.kernel_choice(x, w, b)
+        print(f"{shape.name + ' ' + shape.spec():34s} {str(auto):>10s} " + " ".join(f"{c:>10s}" for c in cells)
               + f" {cublas:10.2f}", flush=True)
     return 0
 

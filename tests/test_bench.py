@@ -1,5 +1,5 @@
-"""Tests of the benchmark instrument: metric helpers (benchmarks/metrics.py), the
-shape suites and inputs of benchmarks/bench.py, and a CPU smoke run of bench.py."""
+"""Tests of the benchmark instrument: metric helpers (benchmarks/metrics.py), the inputs and
+baselines of benchmarks/harness.py, the suites of bench.py, and CPU smoke runs of bench.py."""
 import json
 import math
 import os
@@ -16,6 +16,7 @@ if BENCH_DIR not in sys.path:
 
 import metrics as M  # noqa: E402
 import bench  # noqa: E402
+import harness  # noqa: E402
 
 
 # --------------------------------------------------------------------------- flops / bytes
@@ -211,7 +212,7 @@ def test_named_suite_matches_issue():
 @pytest.mark.parametrize("spec", ["3,5,8,7,fp32", "4,2x6,8,10,fp32,sdpa", "3,5,8,7,fp32,nobias,sdpa"])
 def test_inputs_and_baselines_agree(spec):
     s = M.parse_shape(spec)
-    inp = bench.make_inputs(s, "cpu", seed=1, requires_grad=False)
+    inp = harness.make_inputs(s, "cpu", seed=1, requires_grad=False)
     x = inp["x"]
     assert tuple(x.shape) == s.x_shape and x.stride(-1) == 1
     if s.strided:                 # a view of a contiguous (b, R, s, H) tensor: R is not outermost
@@ -219,20 +220,20 @@ def test_inputs_and_baselines_agree(spec):
         assert x.transpose(0, 1).is_contiguous()
     assert (inp["b"] is None) == (not s.bias)
     assert bool((x != 0).any())
-    a_ref = torch.cat([x[i] for i in range(s.R)], -1).reshape(s.B, -1)
-    assert torch.equal(inp["a"], a_ref)
-    y = bench.reference_fn(x, inp["w"], inp["b"])
+    a_ref = torch.cat([x[i] for i in range(s.R)], -1)      # (*batch, R*H)
+    assert torch.equal(inp["a"], a_ref) and inp["a"].is_contiguous()
+    y = harness.reference_fn(x, inp["w"], inp["b"])
     assert tuple(y.shape) == (*s.batch, s.K)
-    torch.testing.assert_close(bench.permute_fn(x, inp["w"], inp["b"]), y)
-    ref = bench.reference64(inp, backward=False)["y"]
+    torch.testing.assert_close(harness.permute_fn(x, inp["w"], inp["b"]), y)
+    ref = harness.reference64(inp, backward=False)["y"]
     assert ref.dtype == torch.float64
     assert M.error_stats(y, ref, 1e-4)["passed"]
 
 
 def test_reference64_backward_grads():
     s = M.parse_shape("3,2x4,8,5,fp32,sdpa")
-    inp = bench.make_inputs(s, "cpu", seed=2, requires_grad=True)
-    ref = bench.reference64(inp, backward=True)
+    inp = harness.make_inputs(s, "cpu", seed=2, requires_grad=True)
+    ref = harness.reference64(inp, backward=True)
     assert set(ref) == {"y", "grad_x", "grad_w", "grad_b"}
     assert ref["grad_x"].shape == inp["x"].shape
     torch.testing.assert_close(ref["grad_b"], inp["gy"].double().sum((0, 1)))
@@ -299,6 +300,17 @@ def test_bench_cpu_backward_and_plot(tmp_path):
     if res["meta"]["op"]["available"]:
         assert bwd["vga"]["precision"]["passed"], bwd["vga"]
     assert png.stat().st_size > 1000
+    # the fwd+bwd time of vga against gemm_only, permute and reference, as ratios, per shape
+    ratios = p.stdout[p.stdout.index("== ratios"):].splitlines()
+    assert "/gemm_only" in ratios[1] and "/permute" in ratios[1] and "/reference" in ratios[1]
+    assert any("fwd+bwd" in line for line in ratios[2:])
+
+
+def test_suites():
+    assert bench.SUITES["small"] != bench.SUITES["cpu"]
+    got = {s.name: s.spec() for s in bench.suite_shapes("backward")}
+    assert got["sdpa_train"] == "32,4x2048,128,4096,bf16,sdpa"          # issue 14's training layout
+    assert {"seed", "decode_oproj", "mid_fp32", "prefill_oproj", "tp_gather"} <= set(got)
 
 
 def test_bench_rejects_bad_shape(tmp_path):
