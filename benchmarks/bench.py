@@ -17,6 +17,7 @@ kernels per call, torch.profiler), against what a user would otherwise run:
 
   python benchmarks/bench.py                      # default suite (GPU) / cpu suite (no GPU)
   python benchmarks/bench.py --suite backward     # fwd and fwd+bwd of issue 14's training shapes
+  python benchmarks/bench.py --suite sweep [--backward]   # real layers x token counts (sweep.py)
   python benchmarks/bench.py --suite decode_oproj --backward
   python benchmarks/bench.py --shape 32,16,128,4096,bf16 --shape 8,4x1024,128,4096,bf16,sdpa
   python benchmarks/bench.py --json r.json --csv r.csv --plot r.png
@@ -43,6 +44,7 @@ if HERE not in sys.path:
 import bench_report as report  # noqa: E402
 import harness as H  # noqa: E402
 import metrics as M  # noqa: E402
+import sweep  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -89,6 +91,8 @@ SUITES = {
     # issue 14's target table; --suite backward implies --backward
     "backward": ["seed", "decode_oproj", "mid_fp32", "prefill_oproj", "tp_gather", "sdpa_train"],
 }
+# run by sweep.py, not from the shape table: real layer shapes x token counts
+SWEEP_SUITE = "sweep"
 _BY_NAME = {s.name: s for s in CPU_SHAPES}
 _BY_NAME.update({s.name: s for s in NAMED_SHAPES + TRAINING_SHAPES})
 
@@ -101,7 +105,7 @@ def suite_shapes(name: str) -> list:
         return [dataclasses.replace(_BY_NAME[n]) for n in SUITES[name]]
     if name in _BY_NAME:
         return [dataclasses.replace(_BY_NAME[name])]
-    raise SystemExit(f"unknown suite/shape {name!r}; known: {', '.join(list(SUITES) + list(_BY_NAME))}")
+    raise SystemExit(f"unknown suite/shape {name!r}; known: {', '.join(list(SUITES) + [SWEEP_SUITE] + list(_BY_NAME))}")
 
 
 # --------------------------------------------------------------------------- rows
@@ -318,19 +322,21 @@ def bench_block(shape: Shape, backward: bool, ctx) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="suites: " + ", ".join(f"{k}={'+'.join(v)}" for k, v in SUITES.items()))
+                                epilog="suites: " + ", ".join(f"{k}={'+'.join(v)}" for k, v in SUITES.items())
+                                + f", {SWEEP_SUITE}=real layers x token counts (sweep.py)")
     p.add_argument("--suite", action="append", default=None,
                    help="suite or shape name (repeatable); default: 'default' on CUDA, 'cpu' without; "
-                        "'backward' implies --backward")
+                        "'backward' implies --backward; 'sweep' runs sweep.py")
     p.add_argument("--shape", action="append", default=[], metavar="R,B,H,K,dtype[,nobias][,sdpa]",
                    help="custom shape (repeatable); B may be bxs for two batch dims; sdpa = x as "
                         "sdpa_out.transpose(0,1)")
     p.add_argument("--backward", action="store_true",
-                   help="also time forward+backward of every row")
+                   help="also time forward+backward of every row (the sweep: fwd+bwd only, on its subset)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--csv", metavar="PATH")
-    p.add_argument("--plot", metavar="PATH", help="PNG: speedup vs gemm_only and %% of roofline per shape")
+    p.add_argument("--plot", metavar="PATH", help="PNG: speedup vs gemm_only and %% of roofline per shape "
+                                                  "(the sweep: ratio against rows, one line per layer)")
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
                    help="torch.compile row (default on CUDA, off on CPU)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
@@ -356,6 +362,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--list", action="store_true", help="list suites and shapes and exit")
     p.add_argument("-v", "--verbose", action="store_true")
+    sweep.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -393,6 +400,7 @@ def main(argv=None) -> int:
     if args.list:
         for k, v in SUITES.items():
             print(f"suite {k}: {', '.join(v)}")
+        print(f"suite {SWEEP_SUITE}: {sweep.describe()}")
         for s in NAMED_SHAPES + TRAINING_SHAPES + CPU_SHAPES[1:]:
             print(f"  {s.name:<15} {s.spec():<28} {s.regime}")
         return 0
@@ -405,6 +413,11 @@ def main(argv=None) -> int:
     cpu_fallback = device == "cpu"
 
     suites = args.suite or ([] if args.shape else ["default" if device == "cuda" else "cpu"])
+    if SWEEP_SUITE in suites:
+        if len(suites) > 1 or args.shape:
+            print(f"error: --suite {SWEEP_SUITE} runs on its own (no other --suite or --shape)", file=sys.stderr)
+            return 2
+        return sweep.run(args, device)
     args.backward = args.backward or "backward" in suites
     shapes = []
     for s in suites:

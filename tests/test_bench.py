@@ -1,5 +1,6 @@
 """Tests of the benchmark instrument: metric helpers (benchmarks/metrics.py), the inputs and
-baselines of benchmarks/harness.py, the suites of bench.py, and CPU smoke runs of bench.py."""
+baselines of benchmarks/harness.py, the suites of bench.py, and CPU smoke runs of bench.py
+and its sweep (sweep.py)."""
 import json
 import math
 import os
@@ -17,6 +18,7 @@ if BENCH_DIR not in sys.path:
 import metrics as M  # noqa: E402
 import bench  # noqa: E402
 import harness  # noqa: E402
+import sweep  # noqa: E402
 
 
 # --------------------------------------------------------------------------- flops / bytes
@@ -311,6 +313,57 @@ def test_suites():
     got = {s.name: s.spec() for s in bench.suite_shapes("backward")}
     assert got["sdpa_train"] == "32,4x2048,128,4096,bf16,sdpa"          # issue 14's training layout
     assert {"seed", "decode_oproj", "mid_fp32", "prefill_oproj", "tp_gather"} <= set(got)
+
+
+def test_sweep_plan():
+    class Args:
+        backward = False
+        layers = rows = dtypes = None
+
+    fwd = sweep.plan_points(Args, "cuda")
+    bf16 = {(layer, n) for d, layer, n in fwd if d == "bf16"}
+    assert bf16 == {(layer, n) for layer in sweep.LAYERS for n in sweep.ALL_ROWS}
+    assert {d for d, _, _ in fwd} == {"bf16", "fp16", "fp32"} and len(fwd) < 250
+    Args.backward = True
+    bwd = sweep.plan_points(Args, "cuda")
+    assert 0 < len(bwd) < len(fwd) and {d for d, _, _ in bwd} == {"bf16"}
+    Args.backward, Args.layers, Args.rows, Args.dtypes = False, "vit_b_heads", "3,5", "fp16,fp32"
+    assert sweep.plan_points(Args, "cuda") == [("fp16", "vit_b_heads", 3), ("fp16", "vit_b_heads", 5),
+                                               ("fp32", "vit_b_heads", 3), ("fp32", "vit_b_heads", 5)]
+    Args.layers = "nope"
+    with pytest.raises(SystemExit):
+        sweep.plan_points(Args, "cuda")
+
+
+def test_sweep_distribution():
+    pts = [{"layer": "l", "rows": n, "dtype": "bf16", "vga/gemm_only": r, "vga/permute": r / 2}
+           for n, r in enumerate([0.9, 1.0, 1.2, 0.95, 1.3])]
+    dist = sweep.distribution(pts)["vga/gemm_only"]
+    assert dist["n"] == 5 and dist["median"] == 1.0 and dist["max"] == 1.3 and dist["above_1.1"] == 2
+    assert dist["p90"] == pytest.approx(1.26) and dist["worst"] == "l rows=4 bf16"
+    met = sweep.targets_met(sweep.distribution(pts))
+    assert met["vga/gemm_only median <= 0.98"] is False and met["vga/permute max <= 1.05"] is True
+
+
+def test_sweep_cpu_smoke(tmp_path):
+    pytest.importorskip("matplotlib")
+    out_json, png = tmp_path / "s.json", tmp_path / "s.png"
+    p = _run_bench(["--device", "cpu", "--suite", "sweep", "--layers", "branch3_1000,vit_b_heads", "--rows", "1,16",
+                    "--dtypes", "fp32", "--json", str(out_json), "--plot", str(png)], tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "CPU FALLBACK" in p.stdout and "distribution of time ratios" in p.stdout
+    res = json.loads(out_json.read_text())
+    assert res["meta"]["mode"] == "fwd" and len(res["points"]) == 4 and not res["errors"]
+    for pt in res["points"]:
+        assert pt["passed"] and pt["vga_us"] > 0 and pt["gemm_only_us"] > 0 and pt["permute_us"] > 0
+        assert pt["vga/gemm_only"] == pytest.approx(pt["vga_us"] / pt["gemm_only_us"])
+    assert res["summary"]["fp32"]["vga/permute"]["n"] == 4
+    assert png.stat().st_size > 1000
+    p = _run_bench(["--device", "cpu", "--suite", "sweep", "--backward", "--layers", "branch3_1000", "--rows", "16",
+                    "--dtypes", "bf16", "--json", str(out_json)], tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out_json.read_text())
+    assert res["meta"]["mode"] == "fwd+bwd" and len(res["points"]) == 1 and res["points"][0]["passed"]
 
 
 def test_bench_rejects_bad_shape(tmp_path):
