@@ -1,6 +1,6 @@
 """Tests of the benchmark instrument: metric helpers (benchmarks/metrics.py), the inputs and
-baselines of benchmarks/harness.py, the suites of bench.py, and CPU smoke runs of bench.py
-and its sweep (sweep.py)."""
+baselines of benchmarks/harness.py, the suites of bench.py, and CPU smoke runs of bench.py,
+its sweep (sweep.py) and train_step.py."""
 import json
 import math
 import os
@@ -364,6 +364,28 @@ def test_sweep_cpu_smoke(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(out_json.read_text())
     assert res["meta"]["mode"] == "fwd+bwd" and len(res["points"]) == 1 and res["points"][0]["passed"]
+
+
+def test_train_step_cpu_smoke(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    out_json = tmp_path / "t.json"
+    p = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "train_step.py"), "--tiny", "--device", "cpu",
+                        "--steps", "3", "--warmup-steps", "1", "--json", str(out_json)],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        assert "transformers is not installed" in p.stdout and not out_json.exists()
+        return
+    res = json.loads(out_json.read_text())
+    s = res["summary"]
+    assert len(res["losses"]["stock"]) == len(res["losses"]["vga"]) == 3 and s["timed_steps"] == 2
+    assert s["loss_rel_diff_step0"] <= 1e-2 and s["losses_within_tol"], s
+    assert s["step_ms_median"]["vga"] > 0 and s["vga_over_stock"] > 0
+    R, B, S, D = 4, 2, 32, 16                          # --tiny: 4 heads of 16, batch 2, seq 32
+    assert res["op_input"] == [[R, B, S, D], [D, S * R * D, R * D, 1]]   # the head-major view, no copy
 
 
 def test_bench_rejects_bad_shape(tmp_path):
