@@ -63,15 +63,25 @@ def _package_copy(tmp_path, with_build=False):
     """A copy of vga_linear/ without the compiled _C (and without _build_info unless asked)."""
     import shutil
 
+    import vga_linear  # the package under test: the repo's, or an installed wheel's
+
     dest = tmp_path / "src"
-    shutil.copytree(ROOT / "vga_linear", dest / "vga_linear",
+    shutil.copytree(Path(vga_linear.__file__).parent, dest / "vga_linear",
                     ignore=shutil.ignore_patterns("_C*.so", "__pycache__", *([] if with_build else ["_build_info.py"])))
     return dest
 
 
+# An editable install maps vga_linear to the repo through a finder on sys.meta_path, ahead of
+# PYTHONPATH; drop it so that the copy on PYTHONPATH is the one imported.
+WITHOUT_EDITABLE_FINDER = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in (getattr(f, "__module__", "") + repr(f)).lower()]
+"""
+
+
 def test_an_unbuilt_source_tree_says_so_not_circular_import(tmp_path):
     src = _package_copy(tmp_path)
-    result = _run(CHECK_OP_WORKS, cwd=tmp_path, PYTHONPATH=str(src))
+    result = _run(WITHOUT_EDITABLE_FINDER + CHECK_OP_WORKS, cwd=tmp_path, PYTHONPATH=str(src))
     assert result.returncode == 0, result.stderr
     assert "a source tree that was never built" in result.stdout
     assert "circular import" not in result.stdout + result.stderr
@@ -88,7 +98,7 @@ def test_a_source_tree_shadowing_the_installed_package_names_both(tmp_path):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vga-linear\nVersion: 0.1.0\n")
     (info / "RECORD").write_text("vga_linear/__init__.py,,\n")
-    result = _run(CHECK_OP_WORKS, cwd=tmp_path, PYTHONPATH=f"{src}{os.pathsep}{site}")
+    result = _run(WITHOUT_EDITABLE_FINDER + CHECK_OP_WORKS, cwd=tmp_path, PYTHONPATH=f"{src}{os.pathsep}{site}")
     assert result.returncode == 0, result.stderr
     assert "this source tree shadows the installed vga-linear in" in result.stdout
     assert str(site / "vga_linear") in result.stdout
