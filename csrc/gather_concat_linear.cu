@@ -107,7 +107,7 @@ ForwardProblem describe_forward(const Tensor& x, const Tensor& weight,
   p.dtype = *kernel_dtype(x.scalar_type());
   p.sm_count = traits.sm_count;
   p.cc_major = traits.cc_major;
-  p.cc_minor = traits.cc_minor;
+  p.device_index = x.get_device_index();
   return p;
 }
 
@@ -137,7 +137,7 @@ const Family& family_named(const std::string& name) {
 }
 
 Tensor run_forward(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
-                   const Family* forced) {
+                   const Family* forced, ForcedConfig forced_config = {}) {
   check_forward_args(x, weight, bias);
   const int32_t device_index = x.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device_index);
@@ -148,7 +148,10 @@ Tensor run_forward(const Tensor& x, const Tensor& weight, const std::optional<Te
   out_sizes[out_dims - 1] = weight.size(0);
   Tensor out = empty_cuda_like(x, out_sizes, out_dims, device_index);
   if (out.numel() == 0) return out;
-  const ForwardProblem p = describe_forward(x, weight, bias, out.mutable_data_ptr());
+  ForwardProblem p = describe_forward(x, weight, bias, out.mutable_data_ptr());
+  LaunchWorkspace workspace(device_index);
+  p.workspace = workspace.request();
+  p.forced = forced_config;
   const Family& family = forced != nullptr ? *forced : choose_family(p);
   if (forced != nullptr) {
     const char* why = refusal_of(family, p);
@@ -167,7 +170,13 @@ Tensor gather_concat_linear_cuda(Tensor x, Tensor weight, std::optional<Tensor> 
 // Tests and benchmarks force one family; it must accept the input or say why not.
 Tensor gather_concat_linear_family_cuda(Tensor x, Tensor weight, std::optional<Tensor> bias,
                                         std::string family) {
-  return run_forward(x, weight, bias, &family_named(family));
+  const size_t slash = family.find('/');
+  if (slash == std::string::npos) return run_forward(x, weight, bias, &family_named(family));
+  const std::string name = family.substr(0, slash);
+  STD_TORCH_CHECK(name == "sm90_gemm", "gather_concat_linear: only sm90_gemm takes a configuration, got '", family,
+                  "'");
+  return run_forward(x, weight, bias, &family_named(name),
+                     parse_forced_config(family.substr(slash + 1), family, "gather_concat_linear"));
 }
 
 // The family the dispatcher would pick for these inputs ("" for an empty output).

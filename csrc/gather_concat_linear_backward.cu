@@ -1,34 +1,37 @@
-// CUDA entry points of the two backward ops. Both are GEMMs over the same virtual
-// concat as the forward, run by the generic family's kernel with other operands:
-//   grad_x[r, m, h]   = sum_k grad_y[m, k] * W[k, r*H + h]   (the "virtual scatter")
+// CUDA entry points of the two backward ops: argument checks, the problem, the choice of a
+// family (the first in preference order that accepts the input) and the launch on the current
+// stream. Both are GEMMs over the forward's virtual concat:
+//   grad_x[r, m, h]   = sum_k grad_y[m, k] * W[k, r*H + h]   (returned as the (R, *batch, H) view
+//                                                             of a (rows, R*H) row-major result)
 //   grad_W[k, r*H+h]  = sum_m grad_y[m, k] * x[r, m, h]
 // (grad_bias is a plain column sum, left to torch in vga_linear/ops.py.)
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
+#include <string>
+
 #include "kernels/generic_gemm.cuh"
+#include "kernels/sm90_grad.cuh"
 #include "launch_context.h"
 
 namespace vga {
 namespace {
 
-void check_same(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name,
-                const char* op) {
+// In preference order; generic, which accepts everything, comes last.
+constexpr const char* kBackwardFamilies[] = {"sm90_gemm", "generic"};
+
+void check_same(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name, const char* op) {
   STD_TORCH_CHECK(kernel_dtype(a.scalar_type()).has_value(), op, ": ", a_name, " has dtype ",
-                  dtype_name(a.scalar_type()),
-                  "; supported dtypes are float32, float16, bfloat16 and float64");
+                  dtype_name(a.scalar_type()), "; supported dtypes are float32, float16, bfloat16 and float64");
   STD_TORCH_CHECK(a.scalar_type() == b.scalar_type(), op, ": ", a_name, " and ", b_name,
-                  " must share one dtype, got ", dtype_name(a.scalar_type()), " and ",
-                  dtype_name(b.scalar_type()));
-  STD_TORCH_CHECK(same_cuda_device(a, b), op, ": ",
-                  b_name, " is on ", device_name(b), " but ", a_name, " is on ", device_name(a),
-                  "; all tensors must be on one device");
+                  " must share one dtype, got ", dtype_name(a.scalar_type()), " and ", dtype_name(b.scalar_type()));
+  STD_TORCH_CHECK(same_cuda_device(a, b), op, ": ", b_name, " is on ", device_name(b), " but ", a_name, " is on ",
+                  device_name(a), "; all tensors must be on one device");
 }
 
 void check_grad_out(const Tensor& grad_out, const char* op) {
   STD_TORCH_CHECK(grad_out.dim() == 2 || grad_out.dim() == 3, op,
-                  ": grad_out must be (*batch, K) with one or two batch dims, got ",
-                  grad_out.dim(), " dims");
+                  ": grad_out must be (*batch, K) with one or two batch dims, got ", grad_out.dim(), " dims");
 }
 
 int64_t batch_rows_count(const Tensor& grad_out) {
@@ -43,41 +46,99 @@ BatchRows batch_rows_of(const Tensor& t, int64_t first_batch_dim) {
                    two ? t.stride(first_batch_dim + 1) : 0};
 }
 
-Tensor grad_x_cuda(Tensor grad_out, Tensor weight, int64_t num_shards) {
+// The stride between grad_out's rows when its batch dims merge and its last dim is contiguous; -1 otherwise.
+int64_t merged_row_stride(const Tensor& grad_out) {
+  if (grad_out.size(-1) > 1 && grad_out.stride(-1) != 1) return -1;
+  if (grad_out.dim() == 2) return grad_out.stride(0);
+  if (grad_out.size(0) == 1) return grad_out.stride(1);
+  if (grad_out.size(1) == 1) return grad_out.stride(0);
+  return grad_out.stride(0) == grad_out.size(1) * grad_out.stride(1) ? grad_out.stride(1) : -1;
+}
+
+// Which family runs: the forced one (it must accept the input or say why not), or the first that accepts.
+template <typename Problem>
+const char* pick_family(const std::string& forced, const Problem& p, const char* (*sm90_refusal)(const Problem&),
+                        const char* op) {
+  if (forced.empty()) return sm90_refusal(p) == nullptr ? kBackwardFamilies[0] : kBackwardFamilies[1];
+  const std::string name = forced.substr(0, forced.find('/'));
+  if (name == "generic") return kBackwardFamilies[1];
+  STD_TORCH_CHECK(name == "sm90_gemm", op, ": unknown kernel family '", forced, "'; known: sm90_gemm, generic");
+  const char* why = sm90_refusal(p);
+  STD_TORCH_CHECK(why == nullptr, op, ": kernel family 'sm90_gemm' refuses this input: ", why);
+  return kBackwardFamilies[0];
+}
+
+ForcedConfig forced_config_of(const std::string& forced, const char* op) {
+  const size_t slash = forced.find('/');
+  if (slash == std::string::npos) return {};
+  return parse_forced_config(forced.substr(slash + 1), forced, op);
+}
+
+Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_shards, const std::string& forced) {
   constexpr const char* op = "gather_concat_linear_grad_x";
   check_grad_out(grad_out, op);
   check_same(grad_out, "grad_out", weight, "weight", op);
   STD_TORCH_CHECK(weight.dim() == 2 && weight.size(0) == grad_out.size(-1), op,
                   ": weight must be (K, R*H) with K = grad_out.shape[-1] = ", grad_out.size(-1));
-  STD_TORCH_CHECK(num_shards > 0 && weight.size(1) % num_shards == 0, op,
-                  ": weight.shape[1] = ", weight.size(1), " is not a multiple of num_shards = ",
-                  num_shards);
+  STD_TORCH_CHECK(num_shards > 0 && weight.size(1) % num_shards == 0, op, ": weight.shape[1] = ", weight.size(1),
+                  " is not a multiple of num_shards = ", num_shards);
   const int32_t device_index = grad_out.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device_index);
   const int64_t H = weight.size(1) / num_shards;
-  const size_t out_dims = static_cast<size_t>(grad_out.dim() + 1);
+  const int64_t columns = weight.size(1);
+  // grad_x is (R, *batch, H) with strides (H, <batch strides of a (*batch, R*H) matrix>, 1).
+  const int64_t out_dims = grad_out.dim() + 1;
   std::array<int64_t, 4> sizes{num_shards};
-  for (size_t d = 1; d + 1 < out_dims; ++d) sizes[d] = grad_out.size(static_cast<int64_t>(d) - 1);
+  std::array<int64_t, 4> strides{H};
+  int64_t stride = columns;
+  for (int64_t d = out_dims - 2; d >= 1; --d) {
+    sizes[d] = grad_out.size(d - 1);
+    strides[d] = stride;
+    stride *= std::max<int64_t>(sizes[d], 1);
+  }
   sizes[out_dims - 1] = H;
-  Tensor grad_x = empty_cuda_like(grad_out, sizes, out_dims, device_index);
+  strides[out_dims - 1] = 1;
+  Tensor grad_x = empty_strided_cuda_like(grad_out, sizes, strides, static_cast<size_t>(out_dims), device_index);
   if (grad_x.numel() == 0) return grad_x;
-  const BatchRows rows = batch_rows_of(grad_out, 0);
-  const int64_t batch = batch_rows_count(grad_out);
-  visit_dtype(*kernel_dtype(grad_out.scalar_type()), [&](auto element) {
-    using T = decltype(element);
-    BatchRowsMatrixOperand<T, false> a{static_cast<const T*>(grad_out.const_data_ptr()), rows,
-                                       grad_out.stride(-1)};
-    StridedOperand<T> b{static_cast<const T*>(weight.const_data_ptr()), weight.stride(0),
-                        weight.stride(1)};
-    ScatterToShardsStore<T> store{static_cast<T*>(grad_x.mutable_data_ptr()), batch, H};
-    launch_generic_gemm<T>(a, b, store, batch, weight.size(1), weight.size(0),
-                           current_stream(device_index));
-  });
-  check_launch("gather_concat_linear_grad_x");
+  const int64_t rows = batch_rows_count(grad_out);
+  const cudaStream_t stream = current_stream(device_index);
+  const DType dtype = *kernel_dtype(grad_out.scalar_type());
+  LaunchWorkspace workspace(device_index);
+  GradInputProblem p{};
+  p.grad_out = grad_out.const_data_ptr();
+  p.weight = weight.const_data_ptr();
+  p.grad_x = grad_x.mutable_data_ptr();
+  p.rows = rows;
+  p.out_features = weight.size(0);
+  p.num_shards = num_shards;
+  p.shard_width = H;
+  p.grad_out_stride = merged_row_stride(grad_out);
+  p.weight_stride_out = weight.stride(0);
+  p.weight_stride_in = weight.stride(1);
+  p.dtype = dtype;
+  p.sm_count = device_traits(device_index).sm_count;
+  p.cc_major = device_traits(device_index).cc_major;
+  p.device_index = device_index;
+  p.workspace = workspace.request();
+  p.forced = forced_config_of(forced, op);
+  const char* family = pick_family<GradInputProblem>(forced, p, sm90_grad_input_refusal, op);
+  if (family == kBackwardFamilies[0]) {
+    sm90_grad_input(p, stream);
+  } else {
+    visit_dtype(dtype, [&](auto element) {
+      using T = decltype(element);
+      BatchRowsMatrixOperand<T, false> a{static_cast<const T*>(grad_out.const_data_ptr()), batch_rows_of(grad_out, 0),
+                                         grad_out.stride(-1)};
+      StridedOperand<T> b{static_cast<const T*>(weight.const_data_ptr()), weight.stride(0), weight.stride(1)};
+      RowMajorStore<T> store{static_cast<T*>(grad_x.mutable_data_ptr()), columns, nullptr, 0};
+      launch_generic_gemm<T>(a, b, store, rows, columns, weight.size(0), stream);
+    });
+  }
+  check_launch(op);
   return grad_x;
 }
 
-Tensor grad_weight_cuda(Tensor grad_out, Tensor x) {
+Tensor grad_weight_impl(const Tensor& grad_out, const Tensor& x, const std::string& forced) {
   constexpr const char* op = "gather_concat_linear_grad_weight";
   check_grad_out(grad_out, op);
   check_same(x, "x", grad_out, "grad_out", op);
@@ -86,7 +147,8 @@ Tensor grad_weight_cuda(Tensor grad_out, Tensor x) {
     batch_matches = x.size(d + 1) == grad_out.size(d);
   }
   STD_TORCH_CHECK(batch_matches, op, ": x must be (R, *batch, H) with the batch dims of grad_out (*batch, K)");
-  STD_TORCH_CHECK(x.size(-1) <= 1 || x.stride(-1) == 1, op, ": x's last dim must have stride 1, got stride ", x.stride(-1));
+  STD_TORCH_CHECK(x.size(-1) <= 1 || x.stride(-1) == 1, op, ": x's last dim must have stride 1, got stride ",
+                  x.stride(-1));
   const int32_t device_index = x.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device_index);
   const int64_t R = x.size(0);
@@ -95,17 +157,59 @@ Tensor grad_weight_cuda(Tensor grad_out, Tensor x) {
   std::array<int64_t, 2> sizes{K, R * H};
   Tensor grad_weight = empty_cuda_like(x, sizes, 2, device_index);
   if (grad_weight.numel() == 0) return grad_weight;
-  visit_dtype(*kernel_dtype(x.scalar_type()), [&](auto element) {
-    using T = decltype(element);
-    BatchRowsMatrixOperand<T, true> a{static_cast<const T*>(grad_out.const_data_ptr()),
-                                      batch_rows_of(grad_out, 0), grad_out.stride(-1)};
-    VirtualConcatOperand<T> b{static_cast<const T*>(x.const_data_ptr()), batch_rows_of(x, 1),
-                              VirtualConcatColumns{H, x.stride(0)}};
-    RowMajorStore<T> store{static_cast<T*>(grad_weight.mutable_data_ptr()), R * H, nullptr, 0};
-    launch_generic_gemm<T>(a, b, store, K, R * H, batch_rows_count(grad_out), current_stream(device_index));
-  });
-  check_launch("gather_concat_linear_grad_weight");
+  const cudaStream_t stream = current_stream(device_index);
+  const DType dtype = *kernel_dtype(x.scalar_type());
+  LaunchWorkspace workspace(device_index);
+  const bool two_batch_dims = x.dim() == 4;
+  GradWeightProblem g{};
+  ForwardProblem& p = g.shards;
+  p.x = x.const_data_ptr();
+  p.num_shards = R;
+  p.batch_outer = x.size(1);
+  p.batch_inner = two_batch_dims ? x.size(2) : 1;
+  p.shard_width = H;
+  p.out_features = K;
+  p.x_stride_shard = x.stride(0);
+  p.x_stride_outer = x.stride(1);
+  p.x_stride_inner = two_batch_dims ? x.stride(2) : 0;
+  p.dtype = dtype;
+  p.sm_count = device_traits(device_index).sm_count;
+  p.cc_major = device_traits(device_index).cc_major;
+  p.device_index = device_index;
+  p.workspace = workspace.request();
+  p.forced = forced_config_of(forced, op);
+  g.grad_out = grad_out.const_data_ptr();
+  g.grad_out_stride = merged_row_stride(grad_out);
+  g.grad_weight = grad_weight.mutable_data_ptr();
+  const char* family = pick_family<GradWeightProblem>(forced, g, sm90_grad_weight_refusal, op);
+  if (family == kBackwardFamilies[0]) {
+    sm90_grad_weight(g, stream);
+  } else {
+    visit_dtype(dtype, [&](auto element) {
+      using T = decltype(element);
+      BatchRowsMatrixOperand<T, true> a{static_cast<const T*>(grad_out.const_data_ptr()), batch_rows_of(grad_out, 0),
+                                        grad_out.stride(-1)};
+      VirtualConcatOperand<T> b{static_cast<const T*>(x.const_data_ptr()), batch_rows_of(x, 1),
+                                VirtualConcatColumns{H, x.stride(0)}};
+      RowMajorStore<T> store{static_cast<T*>(grad_weight.mutable_data_ptr()), R * H, nullptr, 0};
+      launch_generic_gemm<T>(a, b, store, K, R * H, batch_rows_count(grad_out), stream);
+    });
+  }
+  check_launch(op);
   return grad_weight;
+}
+
+Tensor grad_x_cuda(Tensor grad_out, Tensor weight, int64_t num_shards) {
+  return grad_x_impl(grad_out, weight, num_shards, "");
+}
+Tensor grad_weight_cuda(Tensor grad_out, Tensor x) { return grad_weight_impl(grad_out, x, ""); }
+
+// Tests and benchmarks force one family ("sm90_gemm", "sm90_gemm/n128/s4", "generic").
+Tensor grad_x_family_cuda(Tensor grad_out, Tensor weight, int64_t num_shards, std::string family) {
+  return grad_x_impl(grad_out, weight, num_shards, family);
+}
+Tensor grad_weight_family_cuda(Tensor grad_out, Tensor x, std::string family) {
+  return grad_weight_impl(grad_out, x, family);
 }
 
 }  // namespace
@@ -114,4 +218,6 @@ Tensor grad_weight_cuda(Tensor grad_out, Tensor x) {
 STABLE_TORCH_LIBRARY_IMPL(vga, CUDA, m) {
   m.impl("gather_concat_linear_grad_x", TORCH_BOX(&vga::grad_x_cuda));
   m.impl("gather_concat_linear_grad_weight", TORCH_BOX(&vga::grad_weight_cuda));
+  m.impl("_gather_concat_linear_grad_x_family", TORCH_BOX(&vga::grad_x_family_cuda));
+  m.impl("_gather_concat_linear_grad_weight_family", TORCH_BOX(&vga::grad_weight_family_cuda));
 }

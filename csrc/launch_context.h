@@ -10,6 +10,7 @@
 
 #include <array>
 #include <mutex>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -67,7 +68,6 @@ inline cudaStream_t current_stream(int32_t device_index) {
 struct DeviceTraits {
   int sm_count = 0;
   int cc_major = 0;
-  int cc_minor = 0;
 };
 
 // Read once per device: cudaDeviceGetAttribute is cheap, but not free on the hot path.
@@ -81,8 +81,6 @@ inline const DeviceTraits& device_traits(int32_t device_index) {
   std::call_once(filled[device_index], [&] {
     STD_TORCH_CHECK(cudaDeviceGetAttribute(&traits.cc_major, cudaDevAttrComputeCapabilityMajor,
                                            device_index) == cudaSuccess &&
-                        cudaDeviceGetAttribute(&traits.cc_minor, cudaDevAttrComputeCapabilityMinor,
-                                               device_index) == cudaSuccess &&
                         cudaDeviceGetAttribute(&traits.sm_count, cudaDevAttrMultiProcessorCount,
                                                device_index) == cudaSuccess,
                     "vga: could not query CUDA device ", device_index);
@@ -99,6 +97,21 @@ inline void check_launch(const char* what) {
 }  // namespace vga
 
 namespace vga {
+
+// A tensor of `sizes` and `strides` with `like`'s dtype on CUDA device `device_index`, from
+// torch's caching allocator (so it is CUDA-graph safe).
+template <size_t N>
+Tensor empty_strided_cuda_like(const Tensor& like, const std::array<int64_t, N>& sizes,
+                               const std::array<int64_t, N>& strides, size_t ndim, int32_t device_index) {
+  int32_t dtype = 0;
+  STD_TORCH_CHECK(aoti_torch_get_dtype(like.get(), &dtype) == AOTI_TORCH_SUCCESS,
+                  "vga: could not read a tensor's dtype");
+  AtenTensorHandle handle = nullptr;
+  STD_TORCH_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(ndim), sizes.data(), strides.data(), dtype,
+                                           aoti_torch_device_type_cuda(), device_index, &handle) == AOTI_TORCH_SUCCESS,
+                  "vga: could not allocate the output");
+  return Tensor(handle);
+}
 
 // A contiguous tensor of `sizes` with `like`'s dtype on CUDA device `device_index`,
 // from torch's caching allocator (so it is CUDA-graph safe).
@@ -122,5 +135,57 @@ Tensor empty_cuda_like(const Tensor& like, const std::array<int64_t, N>& sizes, 
       "vga: could not allocate the output");
   return Tensor(handle);
 }
+
+// "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n128,
+// n256) and reduction split (s<count>), so tests and benchmarks reach every configuration.
+inline ForcedConfig parse_forced_config(const std::string& options, const std::string& spec, const char* op) {
+  ForcedConfig forced;
+  size_t start = 0;
+  while (start < options.size()) {
+    size_t end = options.find('/', start);
+    if (end == std::string::npos) end = options.size();
+    const std::string option = options.substr(start, end - start);
+    int value = 0;
+    const bool numeric = option.size() > 1 && option.find_first_not_of("0123456789", 1) == std::string::npos;
+    if (numeric) value = std::stoi(option.substr(1));
+    if (numeric && option[0] == 'n' && (value == 128 || value == 256)) {
+      forced.block_n = value;
+    } else if (numeric && option[0] == 's' && value >= 1 && value <= 64) {
+      forced.splits = value;
+    } else {
+      STD_TORCH_CHECK(false, op, ": bad configuration '", option, "' in '", spec,
+                      "'; expected n128, n256 or s<1..64>");
+    }
+    start = end + 1;
+  }
+  return forced;
+}
+
+// The scratch memory of one launch (split-K partial sums): torch allocations from the caching
+// allocator on the current stream, held until the entry point returns. Freed then, a block is
+// reused only by work queued later on the same stream, so this is safe without a sync, and it
+// is CUDA-graph capturable (captured allocations come from the graph's private pool).
+class LaunchWorkspace {
+ public:
+  explicit LaunchWorkspace(int32_t device_index) : device_index_(device_index) {}
+  WorkspaceRequest request() { return WorkspaceRequest{&LaunchWorkspace::allocate, this}; }
+
+ private:
+  static void* allocate(void* context, int64_t bytes) {
+    auto* self = static_cast<LaunchWorkspace*>(context);
+    const int64_t sizes[1] = {bytes};
+    const int64_t strides[1] = {1};
+    AtenTensorHandle handle = nullptr;
+    STD_TORCH_CHECK(aoti_torch_empty_strided(1, sizes, strides, aoti_torch_dtype_uint8(),
+                                             aoti_torch_device_type_cuda(), self->device_index_,
+                                             &handle) == AOTI_TORCH_SUCCESS,
+                    "vga: could not allocate a ", bytes, "-byte workspace");
+    self->held_.emplace_back(handle);
+    return self->held_.back().mutable_data_ptr();
+  }
+
+  int32_t device_index_;
+  std::vector<Tensor> held_;
+};
 
 }  // namespace vga

@@ -69,4 +69,11 @@ void visit_dtype(DType dtype, Fn&& fn) {
   }
 }
 
+// Calls fn(T{}) with T = __half or __nv_bfloat16 for a 16-bit `dtype` (the tensor-core families).
+template <typename Fn>
+void visit_half_dtype(DType dtype, Fn&& fn) {
+  if (dtype == DType::kBFloat16) return fn(__nv_bfloat16{});
+  return fn(__half{});
+}
+
 }  // namespace vga

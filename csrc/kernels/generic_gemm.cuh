@@ -90,20 +90,6 @@ struct RowMajorStore {
   }
 };
 
-// grad_x: column c of the virtual concat goes back to grad_x[r, m, h], (R, rows, H) contiguous.
-template <typename T>
-struct ScatterToShardsStore {
-  T* base;
-  int64_t rows;
-  int64_t shard_width;
-  template <typename Acc>
-  __device__ __forceinline__ void operator()(int64_t m, int64_t c, Acc v) const {
-    const int64_t r = c / shard_width;
-    const int64_t h = c - r * shard_width;
-    base[(r * rows + m) * shard_width + h] = from_acc<T>(v);
-  }
-};
-
 constexpr int kGenericTile = 64;
 constexpr int kGenericDepth = 16;
 constexpr int kGenericThreads = 256;

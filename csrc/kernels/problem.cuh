@@ -28,6 +28,21 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Whether `ptr` is a multiple of `bytes` (a vector or TMA alignment).
 inline bool is_aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
+// Scratch memory a launch may ask for (split-K partial sums): the caller hands out torch
+// allocations on the launch's stream, so a workspace is stream-ordered and CUDA-graph safe.
+struct WorkspaceRequest {
+  void* (*allocate)(void* context, int64_t bytes) = nullptr;
+  void* context = nullptr;
+  void* get(int64_t bytes) const { return allocate(context, bytes); }
+};
+
+// A tile configuration forced by family name (tests, benchmarks: "sm90_gemm/n128/s4");
+// 0 = the dispatcher's rule.
+struct ForcedConfig {
+  int block_n = 0;
+  int splits = 0;
+};
+
 struct ForwardProblem {
   const void* x;       // (R, B_outer, B_inner, H), last stride 1
   const void* weight;  // (K, R*H)
@@ -51,10 +66,44 @@ struct ForwardProblem {
 
   int sm_count;
   int cc_major;
-  int cc_minor;
+  int device_index;
+  WorkspaceRequest workspace;
+  ForcedConfig forced;
 
   int64_t rows() const { return batch_outer * batch_inner; }
   int64_t reduction() const { return num_shards * shard_width; }
+};
+
+// grad_x[r, m, h] = sum_k grad_out[m, k] * W[k, r*H + h], written as the (rows, R*H) row-major
+// matrix that the (R, *batch, H) result is a strided view of.
+struct GradInputProblem {
+  const void* grad_out;  // (rows, K), rows grad_out_stride apart (-1: batch dims that do not merge), last dim contiguous
+  const void* weight;    // (K, R*H)
+  void* grad_x;          // (rows, R*H), contiguous
+  int64_t rows;
+  int64_t out_features;  // K
+  int64_t num_shards;    // R
+  int64_t shard_width;   // H
+  int64_t grad_out_stride;
+  int64_t weight_stride_out;
+  int64_t weight_stride_in;
+  DType dtype;
+  int sm_count;
+  int cc_major;
+  int device_index;
+  WorkspaceRequest workspace;
+  ForcedConfig forced;
+
+  int64_t columns() const { return num_shards * shard_width; }
+};
+
+// grad_W[k, r*H + h] = sum_m grad_out[m, k] * x[r, m, h]. `shards` describes x exactly as the
+// forward does (its weight and bias fields are unused); grad_out is (rows, K).
+struct GradWeightProblem {
+  ForwardProblem shards;
+  const void* grad_out;
+  int64_t grad_out_stride;  // between rows; -1 when its batch dims do not merge or its last dim is strided
+  void* grad_weight;        // (K, R*H), contiguous
 };
 
 }  // namespace vga

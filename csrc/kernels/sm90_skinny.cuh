@@ -30,8 +30,8 @@
 #include <cstdint>
 
 #include "skinny.cuh"
-#include "sm90_gemm.cuh"
-#include "sm90_primitives.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/views.cuh"
 
 namespace vga {
 namespace sm90_skinny {
@@ -41,7 +41,7 @@ constexpr int kBlockK = 64;      // one 128-byte swizzle row of half elements
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
 constexpr int kWTileBytes = kBlockRows * kBlockK * 2;
-constexpr int kSwizzleAlignment = 1024;
+using sm90::kSwizzleAlignment;
 constexpr int kSharedBudget = 113 * 1024;  // two CTAs per SM (228 KB, 1 KB reserved per CTA)
 
 template <int kN>

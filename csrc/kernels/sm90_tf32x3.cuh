@@ -42,8 +42,8 @@
 
 #include "problem.cuh"
 #include "skinny.cuh"
-#include "sm90_gemm.cuh"
-#include "sm90_primitives.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/views.cuh"
 
 namespace vga {
 namespace sm90_tf32x3 {
@@ -55,7 +55,7 @@ constexpr int kThreads = 384;
 constexpr int kSplitterThreads = 64;  // warps 1-2
 constexpr int kGroupM = 8;
 constexpr int kStages = 6;
-constexpr int kSwizzleAlignment = 1024;
+using sm90::kSwizzleAlignment;
 // A stage: [x tile | W big | W small]; TMA writes the first two, the splitters the third.
 constexpr int kATileBytes = kBlockM * kBlockK * 4;
 constexpr int kBTileBytes = kBlockN * kBlockK * 4;
@@ -322,14 +322,15 @@ inline void launch(const ForwardProblem& p, cudaStream_t stream) {
   args.num_kblocks = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
   args.a_is_4d = rows.four_d ? 1 : 0;
 
-  static const bool configured = [] {
+  // The shared-memory opt-in is per device: a second Hopper GPU in the process needs its own.
+  static bool configured[64] = {};
+  if (p.device_index < 0 || p.device_index >= 64 || !configured[p.device_index]) {
     const cudaError_t status =
         cudaFuncSetAttribute(tf32x3_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
     STD_TORCH_CHECK(status == cudaSuccess, "vga sm90_tf32x3: cannot reserve ", kSharedBytes,
                     " bytes of shared memory: ", cudaGetErrorString(status));
-    return true;
-  }();
-  (void)configured;
+    if (p.device_index >= 0 && p.device_index < 64) configured[p.device_index] = true;
+  }
   // The group raster ends on a partial group: grid = all tiles, every CTA maps to one of them.
   const int64_t tiles = static_cast<int64_t>(args.m_tiles) * args.n_tiles;
   tf32x3_gemm_kernel<<<static_cast<unsigned>(tiles), kThreads, kSharedBytes, stream>>>(x_map, w_map, args);
@@ -342,6 +343,8 @@ inline const char* sm90_tf32x3_refusal(const ForwardProblem& p) {
   if (const char* why = sm90::tma_view_refusal(p)) return why;
   const sm90::RowView rows = sm90::row_view(p);
   const int64_t m_tiles = rows.outer * ceil_div(rows.inner, sm90_tf32x3::kBlockM);
+  if (rows.four_d && m_tiles * sm90_tf32x3::kBlockM > 2 * p.rows())
+    return "two unmergeable batch dims with the inner one too short for 128-row tiles";
   if ((m_tiles + 1) * (ceil_div(p.out_features, sm90_tf32x3::kBlockN) + 1) * sm90_tf32x3::kGroupM > INT32_MAX)
     return "too many output tiles";
   if (ceil_div(p.shard_width, sm90_tf32x3::kBlockK) * p.num_shards > INT32_MAX) return "reduction too long";

@@ -1,7 +1,7 @@
-// Hopper (sm_90a) building blocks as raw PTX: mbarriers, TMA bulk tensor loads,
-// wgmma shared-memory descriptors, the m64n256k16 wgmma, the narrow m64n{16,32,64}k16 ones, the
-// m64n64k8 TF32 one (A in registers), ldmatrix, warpgroup register reallocation, plus the
-// host-side tensor-map encoder lookup.
+// Hopper (sm_90a) building blocks as raw PTX: mbarriers, TMA bulk tensor loads, wgmma
+// shared-memory descriptors (K-major and MN-major, 128-byte swizzle), the m64n{128,256}k16 wgmma
+// of the GEMM core with operand majorness as a parameter, the narrow m64n{16,32,64}k16 ones, the
+// m64n64k8 TF32 one (A in registers), ldmatrix, warpgroup register reallocation.
 //
 // Every device helper is only meaningful inside an sm_90a body; callers guard
 // their kernels with `#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)`
@@ -122,6 +122,16 @@ __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorM
       : "memory");
 }
 
+__device__ __forceinline__ void tma_load_4d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                                      uint16_t cta_mask, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6, %7}], [%2], %3;" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(bar)), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3)
+      : "memory");
+}
+
 template <uint32_t kRegisters>
 __device__ __forceinline__ void warpgroup_release_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
@@ -139,6 +149,16 @@ __device__ __forceinline__ void warpgroup_claim_registers() {
 __device__ __forceinline__ uint64_t k_major_swizzle128_descriptor(const void* tile) {
   const uint64_t start = (smem_address(tile) & 0x3FFFF) >> 4;
   return start | (1ull << 16) | (uint64_t(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// Shared-memory matrix descriptor for an MN-major tile of 16-bit elements written by TMA with
+// 128-byte swizzle in boxes of 64 MN elements (one 128-byte row) by the k-block's rows: each
+// k row is 128 bytes, 8 k rows make a 1024-byte swizzle atom (stride byte offset: the next 8 k),
+// and the next 64 MN elements start `mn_block_bytes` further on (leading byte offset).
+// `tile` must be 1024-byte aligned.
+__device__ __forceinline__ uint64_t mn_major_swizzle128_descriptor(const void* tile, uint32_t mn_block_bytes) {
+  const uint64_t start = (smem_address(tile) & 0x3FFFF) >> 4;
+  return start | (uint64_t((mn_block_bytes >> 4) & 0x3FFF) << 16) | (uint64_t(1024 >> 4) << 32) | (1ull << 62);
 }
 
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy reads
@@ -159,52 +179,61 @@ __device__ __forceinline__ void wgmma_wait_group() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPendingGroups) : "memory");
 }
 
-// acc[64 x 256] (fp32, the wgmma fragment layout) = A[64 x 16] * B[256 x 16]^T
-// (+ acc when `accumulate` != 0), both operands K-major in shared memory.
+// acc[64 x N] (fp32, the wgmma fragment layout) = A[64 x 16] * B[N x 16]^T (+ acc when
+// `accumulate` != 0), N = 128 or 256 (N / 2 floats a thread), both operands in shared memory:
+// kTransA / kTransB = 0 for a K-major operand, 1 for an MN-major one (16-bit types only).
 // Element is __nv_bfloat16 or __half.
-#define VGA_WGMMA_ACC_OPERANDS_16(i)                                                                       \
+#define VGA_ACC16(i)                                                                                       \
   "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), "+f"(acc[i + 5]), \
       "+f"(acc[i + 6]), "+f"(acc[i + 7]), "+f"(acc[i + 8]), "+f"(acc[i + 9]), "+f"(acc[i + 10]),              \
       "+f"(acc[i + 11]), "+f"(acc[i + 12]), "+f"(acc[i + 13]), "+f"(acc[i + 14]), "+f"(acc[i + 15])
-#define VGA_WGMMA_M64N256K16(TYPE)                                                                              \
-  asm volatile(                                                                                                 \
-      "{\n"                                                                                                     \
-      ".reg .pred accumulate;\n"                                                                                \
-      "setp.ne.b32 accumulate, %130, 0;\n"                                                                      \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE "\n"                                         \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                 \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                        \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                        \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                        \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                        \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                        \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "            \
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "       \
-      "%128, %129, accumulate, 1, 1, 0, 0;\n"                                                                   \
-      "}\n"                                                                                                     \
-      : VGA_WGMMA_ACC_OPERANDS_16(0), VGA_WGMMA_ACC_OPERANDS_16(16), VGA_WGMMA_ACC_OPERANDS_16(32),             \
-        VGA_WGMMA_ACC_OPERANDS_16(48), VGA_WGMMA_ACC_OPERANDS_16(64), VGA_WGMMA_ACC_OPERANDS_16(80),            \
-        VGA_WGMMA_ACC_OPERANDS_16(96), VGA_WGMMA_ACC_OPERANDS_16(112)                                           \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define VGA_WGMMA_M64N128K16(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+      "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n" \
+      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
+#define VGA_WGMMA_M64N256K16(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  " \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  " \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,  " \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,  " \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+      "}, %128, %129, accumulate, 1, 1, %131, %132;\n}\n" \
+      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC16(80), VGA_ACC16(96), VGA_ACC16(112) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
 
-template <typename Element>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&acc)[128], uint64_t desc_a, uint64_t desc_b,
-                                                 uint32_t accumulate);
+template <int kN, typename Element, int kTransA, int kTransB>
+struct Wgmma;
 
-template <>
-__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16>(float (&acc)[128], uint64_t desc_a, uint64_t desc_b,
-                                                                uint32_t accumulate) {
-  VGA_WGMMA_M64N256K16("bf16");
-}
+#define VGA_WGMMA_WIDE(N, TYPE, ELEMENT)                                                            \
+  template <int kTransA, int kTransB>                                                               \
+  struct Wgmma<N, ELEMENT, kTransA, kTransB> {                                                      \
+    __device__ __forceinline__ static void run(float (&acc)[N / 2], uint64_t desc_a, uint64_t desc_b, \
+                                               uint32_t accumulate) {                               \
+      VGA_WGMMA_M64N##N##K16(TYPE);                                                                 \
+    }                                                                                               \
+  };
+VGA_WGMMA_WIDE(128, "bf16", __nv_bfloat16)
+VGA_WGMMA_WIDE(128, "f16", __half)
+VGA_WGMMA_WIDE(256, "bf16", __nv_bfloat16)
+VGA_WGMMA_WIDE(256, "f16", __half)
 
-template <>
-__device__ __forceinline__ void wgmma_m64n256k16<__half>(float (&acc)[128], uint64_t desc_a, uint64_t desc_b,
-                                                         uint32_t accumulate) {
-  VGA_WGMMA_M64N256K16("f16");
-}
-
+#undef VGA_WGMMA_WIDE
 #undef VGA_WGMMA_M64N256K16
-#undef VGA_WGMMA_ACC_OPERANDS_16
+#undef VGA_WGMMA_M64N128K16
+#undef VGA_ACC16
 
 // acc[64 x N] = A[64 x 16] * B[N x 16]^T (+ acc), N = 16, 32 or 64 (N / 2 fp32 a thread),
 // both operands K-major in shared memory: the narrow-N wgmma of the skinny streaming kernel,
@@ -289,38 +318,6 @@ __device__ __forceinline__ void store_global_16_bytes(void* dst, uint32_t a, uin
 }
 
 #endif  // VGA_SM90A_DEVICE
-
-// ------------------------------------------------------------------ host side
-
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (no -lcuda).
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t status =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
-    STD_TORCH_CHECK(status == cudaSuccess && found == cudaDriverEntryPointSuccess && entry != nullptr,
-                    "vga sm90 GEMM: cuTensorMapEncodeTiled is unavailable from the CUDA driver");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
-  }();
-  return encoder;
-}
-
-// A tiled tensor map with 128-byte swizzle over a 16- or 32-bit tensor.
-// dims/strides innermost first; strides in bytes for dims 1.. (dim 0 is dense).
-inline CUtensorMap encode_swizzled_tensor_map(const void* base, CUtensorMapDataType type, int rank,
-                                              const cuuint64_t* dims, const cuuint64_t* byte_strides,
-                                              const cuuint32_t* box) {
-  CUtensorMap map;
-  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult result = tensor_map_encoder()(
-      &map, type, static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, byte_strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  STD_TORCH_CHECK(result == CUDA_SUCCESS, "vga sm90 GEMM: cuTensorMapEncodeTiled failed with error ",
-                  static_cast<int>(result));
-  return map;
-}
 
 }  // namespace sm90
 }  // namespace vga

@@ -1,0 +1,172 @@
+// Epilogues of the GEMM core: a consumer warpgroup's 64 x kBlockN fp32 accumulators go to
+//  * the output as Element (+ bias, forward only), 16-byte stores of 8 columns a lane after a
+//    quad transpose wherever a 32-column strip lies inside the output, element stores at tails;
+//  * or, for a split reduction, to this split's fp32 slice of the partial sums; then
+//    reduce_partials adds the slices in split order (+ bias) into the output: a fixed order,
+//    so the result is the same bits on every run.
+// Output addresses: row m = outer * m_inner + inner, column = n_group * n_group_width + n, both
+// from schedule.cuh's TileCoord; `out_ld` elements between rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../element_types.cuh"
+#include "ptx.cuh"
+#include "schedule.cuh"
+
+namespace vga {
+namespace sm90 {
+
+#ifdef VGA_SM90A_DEVICE
+
+// Within each quad of lanes (t = lane % 4) word q holds columns 8*q + 2t, 2t+1 of a
+// 32-column strip; afterwards word q holds columns 8*t + 2q, 2q+1, i.e. each lane
+// owns 8 consecutive columns (one 16-byte store). A 4x4 transpose done as two
+// swaps of one index bit between lane and register.
+__device__ __forceinline__ void transpose_quad(uint32_t (&v)[4], int t) {
+#pragma unroll
+  for (int bit = 1; bit <= 2; bit <<= 1) {
+    const bool upper = (t & bit) != 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (i & bit) continue;
+      const uint32_t send = upper ? v[i] : v[i | bit];
+      const uint32_t received = __shfl_xor_sync(0xffffffffu, send, bit);
+      if (upper) {
+        v[i] = received;
+      } else {
+        v[i | bit] = received;
+      }
+    }
+  }
+}
+
+// The wgmma m64nNk16 fragment: acc[4j + 2*half + e] is row 16*warp + lane/4 + 8*half,
+// column 8j + 2*(lane % 4) + e of the warpgroup's 64 x N block.
+template <typename Element, int kBlockN>
+__device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], const float* tile_bias,
+                                           const CoreArgs& a, const TileCoord& c, int consumer,
+                                           int thread_in_wg) {
+  if (!c.exists) return;
+  const int warp = thread_in_wg / 32;
+  const int lane = thread_in_wg % 32;
+  const int quad_lane = lane % 4;
+  const int row_in_tile = consumer * 64 + warp * 16 + lane / 4;
+  int64_t out_row[2];
+  bool row_valid[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int inner = c.inner0 + row_in_tile + 8 * half;
+    row_valid[half] = inner < a.m_inner;
+    out_row[half] = (static_cast<int64_t>(c.outer) * a.m_inner + inner) * a.out_ld;
+  }
+  const int64_t column0 = static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0;
+  const int columns_left = a.n_group_width - c.n0;
+
+  if (a.partials != nullptr) {  // a split: fp32 partial sums, no bias
+    float* out = a.partials + static_cast<int64_t>(c.split) * a.partial_stride + column0;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int column = j * 8 + 2 * quad_lane;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (!row_valid[half]) continue;
+        float* dst = out + out_row[half] + column;
+        if (a.vector_store && column + 2 <= columns_left) {
+          *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        } else {
+          if (column < columns_left) dst[0] = acc[4 * j + 2 * half];
+          if (column + 1 < columns_left) dst[1] = acc[4 * j + 2 * half + 1];
+        }
+      }
+    }
+    return;
+  }
+
+  Element* out = static_cast<Element*>(a.out) + column0;
+#pragma unroll
+  for (int strip = 0; strip < kBlockN / 32; ++strip) {
+    if (a.vector_store && strip * 32 + 32 <= columns_left) {
+      float2 bias[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        bias[q] = *reinterpret_cast<const float2*>(tile_bias + strip * 32 + q * 8 + 2 * quad_lane);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t words[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int j = strip * 4 + q;
+          words[q] = pack_pair<Element>(acc[4 * j + 2 * half] + bias[q].x, acc[4 * j + 2 * half + 1] + bias[q].y);
+        }
+        transpose_quad(words, quad_lane);
+        if (row_valid[half]) {
+          store_global_16_bytes(out + out_row[half] + strip * 32 + quad_lane * 8, words[0], words[1], words[2],
+                                words[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int j = strip * 4 + q;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int column = j * 8 + 2 * quad_lane + e;
+          if (column >= columns_left) continue;
+          const float bias = tile_bias[column];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            if (!row_valid[half]) continue;
+            out[out_row[half] + column] = from_acc<Element>(acc[4 * j + 2 * half + e] + bias);
+          }
+        }
+      }
+    }
+  }
+}
+
+#endif  // VGA_SM90A_DEVICE
+
+// out[i] = sum over splits s = 0, 1, ... of partials[s][i] (+ bias[i % columns]), for the
+// rows x columns output; one thread a group of 4 elements (the row length is a multiple of 4
+// when `vector` is set), splits added in order.
+template <typename Element>
+__global__ void reduce_partials_kernel(const float* __restrict__ partials, int64_t split_stride, int splits,
+                                       Element* __restrict__ out, int64_t total, int64_t columns,
+                                       const Element* __restrict__ bias, int64_t bias_stride, int vector) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (vector) {
+    for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < total; i += step * 4) {
+      float4 sum = *reinterpret_cast<const float4*>(partials + i);
+      for (int s = 1; s < splits; ++s) {
+        const float4 v = *reinterpret_cast<const float4*>(partials + s * split_stride + i);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      float values[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = values[e];
+        if (bias != nullptr) v += to_acc<float>(bias[((i + e) % columns) * bias_stride]);
+        out[i + e] = from_acc<Element>(v);
+      }
+    }
+    return;
+  }
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    float sum = partials[i];
+    for (int s = 1; s < splits; ++s) sum += partials[s * split_stride + i];
+    if (bias != nullptr) sum += to_acc<float>(bias[(i % columns) * bias_stride]);
+    out[i] = from_acc<Element>(sum);
+  }
+}
+
+}  // namespace sm90
+}  // namespace vga

@@ -1,0 +1,419 @@
+// The Hopper GEMM core: one warp-specialised, persistent TMA + wgmma kernel that runs the
+// forward, grad_x and grad_weight products, each a GemmKind that fixes how a stage's operand
+// tiles are loaded (views.cuh) and whether wgmma reads them K-major or MN-major.
+//
+//   kind          M x N, reduction        A (wgmma M side)              B (wgmma N side)
+//   kForward      rows x K, over R*H      x, K-major: (H, rows, R)      W, K-major: (H, R, K)
+//   kGradInput    rows x R*H, over K      grad_out, K-major: (K, rows)  W, MN-major: (R*H, K)
+//   kGradWeight   K x R*H, over rows      grad_out, MN-major: (K, rows) x, MN-major: (H, rows, R)
+//
+// Tiling: 128 x kBlockN output tiles (kBlockN = 256: highest operand reuse that fits the
+// registers; 128: twice the tiles, for shapes whose 256-wide tiles leave SMs idle), k-blocks of
+// 64 elements (one 128-byte swizzle row). Warpgroup 0 is the producer (one thread issues TMA),
+// warpgroups 1-2 each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators
+// a thread). As many stages as fit in 227 KB (4 at 256, 7 at 128) form a full/empty mbarrier
+// ring. CTAs run in clusters of 2 along M: both tiles of a cluster use the same B panel, each CTA
+// loads half of it and multicasts it to both (L2 -> SM traffic per tile 48 -> 32 KB a k-block at
+// 256, where the unshared panel would need ~9 TB/s of L2 bandwidth). The tile walk and the split
+// of the reduction are schedule.cuh's; the stores are epilogue.cuh's.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../element_types.cuh"
+#include "../problem.cuh"
+#include "epilogue.cuh"
+#include "ptx.cuh"
+#include "schedule.cuh"
+#include "views.cuh"
+
+namespace vga {
+namespace sm90 {
+
+enum class GemmKind { kForward, kGradInput, kGradWeight };
+
+constexpr int kConsumerWarpgroups = 2;
+constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+constexpr int kMnBlockBytes = 64 * kBlockK * 2;  // one MN-major TMA box: 64 columns x a k-block, 8 KB
+
+template <int kBlockN>
+struct TileShape {
+  static constexpr int kATileBytes = kBlockM * kBlockK * 2;
+  static constexpr int kBTileBytes = kBlockN * kBlockK * 2;
+  static constexpr int kStageBytes = kATileBytes + kBTileBytes;
+  static constexpr int kBiasBytes = kConsumerWarpgroups * kBlockN * sizeof(float);
+  static constexpr int kSharedBudget = 227 * 1024;
+  static constexpr int kStages =
+      std::min(8, (kSharedBudget - kSwizzleAlignment - 16 * int(sizeof(uint64_t)) - kBiasBytes) / kStageBytes);
+  static constexpr int kSharedBytes =
+      kSwizzleAlignment + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t)) + kBiasBytes;
+  static_assert(kBlockN == 128 || kBlockN == 256, "wgmma N of the core");
+  static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
+};
+
+template <GemmKind kKind>
+struct Majorness {
+  static constexpr int kTransA = kKind == GemmKind::kGradWeight ? 1 : 0;
+  static constexpr int kTransB = kKind == GemmKind::kForward ? 0 : 1;
+};
+
+#ifdef VGA_SM90A_DEVICE
+
+// One TMA copy, to this CTA only or to the same offset of every CTA of the cluster.
+__device__ __forceinline__ void copy_3d(bool multicast, void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                        int c2) {
+  constexpr uint16_t kWholeCluster = (1u << kClusterM) - 1;
+  if (multicast) {
+    tma_load_3d_multicast(dst, map, bar, kWholeCluster, c0, c1, c2);
+  } else {
+    tma_load_3d(dst, map, bar, c0, c1, c2);
+  }
+}
+__device__ __forceinline__ void copy_4d(bool multicast, void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                        int c2, int c3) {
+  constexpr uint16_t kWholeCluster = (1u << kClusterM) - 1;
+  if (multicast) {
+    tma_load_4d_multicast(dst, map, bar, kWholeCluster, c0, c1, c2, c3);
+  } else {
+    tma_load_4d(dst, map, bar, c0, c1, c2, c3);
+  }
+}
+
+// The producer's copies for k-block `kb` of tile `c` into one stage (all complete on `bar`).
+// A is two 64-row (or, MN-major, 64-column) boxes of 8 KB; B is two K-major halves (the
+// forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
+// between its CTAs, each multicasting its part; the other one each CTA loads whole for itself.
+template <GemmKind kKind, int kBlockN>
+__device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const CUtensorMap* a_map,
+                                           const CUtensorMap* b_map, uint64_t* bar, const TileCoord& c, int kb,
+                                           uint32_t cta_rank, const CoreArgs& args) {
+  constexpr int kBParts = kKind == GemmKind::kForward ? 2 : kBlockN / 64;
+  constexpr int kBPartBytes = kBlockN * kBlockK * 2 / kBParts;
+  const bool share_a = args.cluster_along_n != 0;
+  const int rank = static_cast<int>(cta_rank);
+  // The reduction coordinate of k-block kb.
+  int shard = 0, h0 = 0, outer = 0, row0 = 0, k0 = 0;
+  if constexpr (kKind == GemmKind::kForward) {
+    shard = kb / args.kblocks_per_group;
+    h0 = (kb - shard * args.kblocks_per_group) * kBlockK;
+  } else if constexpr (kKind == GemmKind::kGradInput) {
+    k0 = kb * kBlockK;
+  } else {
+    outer = kb / args.kblocks_per_group;
+    row0 = (kb - outer * args.kblocks_per_group) * kBlockK;
+  }
+  auto load_a = [&](int part, bool multicast) {  // rows (or columns) 64 * part .. + 63 of the tile
+    uint8_t* dst = a_dst + part * kMnBlockBytes;
+    if constexpr (kKind == GemmKind::kForward) {
+      if (args.a_4d) {
+        copy_4d(multicast, dst, a_map, bar, h0, c.inner0 + 64 * part, c.outer, shard);
+      } else {
+        copy_3d(multicast, dst, a_map, bar, h0, c.inner0 + 64 * part, shard);
+      }
+    } else if constexpr (kKind == GemmKind::kGradInput) {
+      copy_3d(multicast, dst, a_map, bar, k0, c.inner0 + 64 * part, 0);
+    } else {
+      copy_3d(multicast, dst, a_map, bar, c.inner0 + 64 * part, row0, outer);
+    }
+  };
+  auto load_b = [&](int part, bool multicast) {
+    uint8_t* dst = b_dst + part * kBPartBytes;
+    if constexpr (kKind == GemmKind::kForward) {
+      copy_3d(multicast, dst, b_map, bar, h0, shard, c.n0 + part * (kBlockN / 2));
+    } else if constexpr (kKind == GemmKind::kGradInput) {
+      copy_3d(multicast, dst, b_map, bar, c.n0 + 64 * part, k0, 0);
+    } else {
+      int column = c.n0 + 64 * part;  // within the group
+      int b_shard = c.n_group;
+      if (args.b_shard_width > 0) {   // one group spanning the shards: a 64-column box never straddles two
+        b_shard = column / args.b_shard_width;
+        column -= b_shard * args.b_shard_width;
+      }
+      copy_4d(multicast, dst, b_map, bar, column, row0, outer, b_shard);
+    }
+  };
+  if (share_a) {
+    load_a(rank, true);
+    if (c.exists) {
+#pragma unroll
+      for (int part = 0; part < kBParts; ++part) load_b(part, false);
+    }
+  } else {
+    if (c.exists) {
+      load_a(0, false);
+      load_a(1, false);
+    }
+#pragma unroll
+    for (int i = 0; i < kBParts / kClusterM; ++i) load_b(rank * (kBParts / kClusterM) + i, true);
+  }
+}
+
+// wgmma descriptors of a stage's tiles for k step 0; step kk adds kk * descriptor_step.
+template <GemmKind kKind>
+__device__ __forceinline__ uint64_t a_descriptor(const uint8_t* a_tile, int consumer) {
+  if constexpr (Majorness<kKind>::kTransA) {
+    return mn_major_swizzle128_descriptor(a_tile + consumer * kMnBlockBytes, kMnBlockBytes);
+  } else {
+    return k_major_swizzle128_descriptor(a_tile + consumer * (kBlockM / 2) * 128);
+  }
+}
+template <GemmKind kKind>
+__device__ __forceinline__ uint64_t b_descriptor(const uint8_t* b_tile) {
+  if constexpr (Majorness<kKind>::kTransB) {
+    return mn_major_swizzle128_descriptor(b_tile, kMnBlockBytes);
+  } else {
+    return k_major_swizzle128_descriptor(b_tile);
+  }
+}
+// A k step of 16 is 32 bytes along a K-major row, or 16 k rows (2048 bytes) of an MN-major box;
+// descriptors count in 16-byte units.
+template <int kTrans>
+constexpr uint64_t descriptor_step() {
+  return kTrans ? 2048 / 16 : 32 / 16;
+}
+
+#endif  // VGA_SM90A_DEVICE
+
+// One stage ring, one persistent walk: the producer runs ahead into the next tile while the
+// consumers run the epilogue. A stage's empty barrier collects the consumer warps of both CTAs of
+// the cluster, because the peer's producer writes part of the B panel into this CTA's stage.
+template <GemmKind kKind, typename Element, int kBlockN>
+__global__ void __launch_bounds__(kThreads, 1)
+    core_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                     const CoreArgs args) {
+#ifdef VGA_SM90A_DEVICE
+  using Tile = TileShape<kBlockN>;
+  constexpr int kStages = Tile::kStages;
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(shared_raw) + kSwizzleAlignment - 1) & ~uintptr_t(kSwizzleAlignment - 1));
+  uint8_t* a_tiles = shared;
+  uint8_t* b_tiles = shared + kStages * Tile::kATileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + kStages * Tile::kStageBytes);
+  uint64_t* empty = full + kStages;
+  float* bias_rows = reinterpret_cast<float*>(empty + kStages);  // kBlockN floats per consumer warpgroup
+
+  const int warpgroup = threadIdx.x / 128;
+  const uint32_t cta_rank = cluster_cta_rank();
+  const int cluster_id = blockIdx.x / kClusterM;
+  const int num_clusters = gridDim.x / kClusterM;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], kClusterM * kConsumerWarpgroups * 4);  // every consumer warp of the cluster
+    }
+    fence_barrier_init();
+    prefetch_tensor_map(&a_map);
+    prefetch_tensor_map(&b_map);
+  }
+  cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrival
+
+  if (warpgroup == 0) {
+    warpgroup_release_registers<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
+        const TileCoord c = tile_coord<kBlockN>(tile, cta_rank, args);
+        // A CTA receives the whole shared operand (its own part and its peer's) and, if its tile
+        // exists, its own copy of the other one.
+        const uint32_t stage_bytes =
+            args.cluster_along_n ? Tile::kATileBytes + (c.exists ? Tile::kBTileBytes : 0)
+                                 : (c.exists ? Tile::kATileBytes : 0) + Tile::kBTileBytes;
+        for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
+          mbarrier_wait(&empty[stage], phase ^ 1);
+          mbarrier_arrive_expect_tx(&full[stage], stage_bytes);
+          load_stage<kKind, kBlockN>(a_tiles + stage * Tile::kATileBytes, b_tiles + stage * Tile::kBTileBytes,
+                                     &a_map, &b_map, &full[stage], c, kb, cta_rank, args);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    warpgroup_claim_registers<kConsumerRegisters>();
+    constexpr int kTransA = Majorness<kKind>::kTransA;
+    constexpr int kTransB = Majorness<kKind>::kTransB;
+    const int consumer = warpgroup - 1;
+    const int thread_in_wg = threadIdx.x % 128;
+    const bool warp_leader = (threadIdx.x % 32) == 0;
+    float* tile_bias = bias_rows + consumer * kBlockN;
+    if constexpr (kKind != GemmKind::kForward) {
+      for (int i = thread_in_wg; i < kBlockN; i += 128) tile_bias[i] = 0.f;
+      named_barrier_sync(1 + consumer, 128);
+    }
+    float acc[kBlockN / 2];
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
+      const TileCoord c = tile_coord<kBlockN>(tile, cta_rank, args);
+      // The tile's bias, loaded now so that its latency hides under the mainloop (fetched in the
+      // epilogue, it cost several L2 round trips a tile while the tensor cores sat idle).
+      float2 bias_value = make_float2(0.f, 0.f);  // columns 2t, 2t + 1 of the tile
+      if constexpr (kKind == GemmKind::kForward) {
+        const Element* bias = args.partials == nullptr ? static_cast<const Element*>(args.bias) : nullptr;
+        if (2 * thread_in_wg < kBlockN) {
+          bias_value = bias_pair(bias, args.bias_stride, c.n0 + 2 * thread_in_wg, args.n_group_width);
+        }
+      }
+      int previous_stage = 0;
+      for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
+        mbarrier_wait(&full[stage], phase);
+        const uint64_t desc_a = a_descriptor<kKind>(a_tiles + stage * Tile::kATileBytes, consumer);
+        const uint64_t desc_b = b_descriptor<kKind>(b_tiles + stage * Tile::kBTileBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 16; ++kk) {
+          Wgmma<kBlockN, Element, kTransA, kTransB>::run(acc, desc_a + kk * descriptor_step<kTransA>(),
+                                                         desc_b + kk * descriptor_step<kTransB>(),
+                                                         (kb != c.kb_begin || kk != 0) ? 1u : 0u);
+        }
+        wgmma_commit_group();
+        wgmma_wait_group<1>();
+        if (kb > c.kb_begin && warp_leader) {
+#pragma unroll
+          for (uint32_t peer = 0; peer < kClusterM; ++peer) mbarrier_arrive_cluster(&empty[previous_stage], peer);
+        }
+        previous_stage = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      wgmma_wait_group<0>();
+      if (warp_leader) {
+#pragma unroll
+        for (uint32_t peer = 0; peer < kClusterM; ++peer) mbarrier_arrive_cluster(&empty[previous_stage], peer);
+      }
+      if constexpr (kKind == GemmKind::kForward) {
+        named_barrier_sync(1 + consumer, 128);  // this warpgroup is done reading the previous tile's bias
+        if (2 * thread_in_wg < kBlockN) reinterpret_cast<float2*>(tile_bias)[thread_in_wg] = bias_value;
+        named_barrier_sync(1 + consumer, 128);
+      }
+      store_tile<Element, kBlockN>(acc, tile_bias, args, c, consumer, thread_in_wg);
+    }
+  }
+  cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
+#else
+  __trap();
+#endif
+}
+
+// ------------------------------------------------------------------ host
+
+// The shared-memory opt-in and the number of clusters that fit at once (the persistent grid's
+// size; GPCs may leave SMs unpaired), once per device and kernel.
+template <GemmKind kKind, typename Element, int kBlockN>
+int resident_clusters(int32_t device_index) {
+  constexpr int kMaxDevices = 64;
+  static int cache[kMaxDevices] = {};  // 0: not yet asked
+  STD_TORCH_CHECK(device_index >= 0 && device_index < kMaxDevices, "vga sm90_gemm: device index ", device_index,
+                  " out of range");
+  if (cache[device_index] > 0) return cache[device_index];
+  using Tile = TileShape<kBlockN>;
+  auto kernel = core_gemm_kernel<kKind, Element, kBlockN>;
+  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
+  STD_TORCH_CHECK(status == cudaSuccess, "vga sm90_gemm: cannot reserve ", Tile::kSharedBytes,
+                  " bytes of shared memory: ", cudaGetErrorString(status));
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster_shape;
+  cluster_shape.id = cudaLaunchAttributeClusterDimension;
+  cluster_shape.val.clusterDim.x = kClusterM;
+  cluster_shape.val.clusterDim.y = 1;
+  cluster_shape.val.clusterDim.z = 1;
+  config.gridDim = dim3(kClusterM);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Tile::kSharedBytes;
+  config.attrs = &cluster_shape;
+  config.numAttrs = 1;
+  int clusters = 0;
+  status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  STD_TORCH_CHECK(status == cudaSuccess && clusters > 0, "vga sm90_gemm: no cluster of ", kClusterM,
+                  " CTAs fits: ", cudaGetErrorString(status));
+  cache[device_index] = clusters;
+  return clusters;
+}
+
+template <GemmKind kKind, typename Element, int kBlockN>
+void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const CoreArgs& args, int clusters,
+                        cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster_shape;
+  cluster_shape.id = cudaLaunchAttributeClusterDimension;
+  cluster_shape.val.clusterDim.x = kClusterM;
+  cluster_shape.val.clusterDim.y = 1;
+  cluster_shape.val.clusterDim.z = 1;
+  config.gridDim = dim3(clusters * kClusterM);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = TileShape<kBlockN>::kSharedBytes;
+  config.stream = stream;
+  config.attrs = &cluster_shape;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, core_gemm_kernel<kKind, Element, kBlockN>, a_map, b_map, args);
+}
+
+// Plans, fills the tile counts of `args` (whose out, out_ld, bias and a_4d the family set),
+// launches the core and, for a split reduction, the fixed-order sum of the partials.
+// `b_map_for(block_n)` builds the B view, whose box may depend on the tile width.
+template <GemmKind kKind, typename Element, typename BMapFor>
+void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, BMapFor&& b_map_for,
+              const WorkspaceRequest& workspace, ForcedConfig forced, int32_t device_index, cudaStream_t stream) {
+  const int clusters_256 = resident_clusters<kKind, Element, 256>(device_index);
+  const int clusters_128 = resident_clusters<kKind, Element, 128>(device_index);
+  CorePlan plan = choose_plan(shape, std::min(clusters_256, clusters_128), forced.block_n);
+  if (forced.splits > 0) {
+    const int64_t per_split = ceil_div(shape.kblocks, forced.splits);
+    plan.splits = static_cast<int>(ceil_div(shape.kblocks, per_split));
+    plan.kblocks_per_split = static_cast<int>(per_split);
+  }
+  const int64_t rows = shape.m_outer * shape.m_inner;
+  args.m_inner = static_cast<int>(shape.m_inner);
+  args.m_inner_tiles = static_cast<int>(ceil_div(shape.m_inner, kBlockM));
+  args.m_tiles = static_cast<int>(shape.m_outer) * args.m_inner_tiles;
+  args.n_group_width = static_cast<int>(shape.n_group_width);
+  args.n_group_tiles = static_cast<int>(ceil_div(shape.n_group_width, plan.block_n));
+  args.n_tiles = static_cast<int>(shape.n_groups) * args.n_group_tiles;
+  args.kblocks = static_cast<int>(shape.kblocks);
+  args.kblocks_per_group = static_cast<int>(shape.kblocks_per_group);
+  args.kblocks_per_split = plan.kblocks_per_split;
+  args.cluster_along_n = pair_columns(args.m_tiles, args.n_tiles) ? 1 : 0;
+  args.m_units = args.cluster_along_n ? args.m_tiles : static_cast<int>(ceil_div(args.m_tiles, kClusterM));
+  args.n_units = args.cluster_along_n ? static_cast<int>(ceil_div(args.n_tiles, kClusterM)) : args.n_tiles;
+  args.group_units = args.cluster_along_n ? kGroupM : kGroupM / kClusterM;
+  args.tiles_per_split = args.m_units * args.n_units;
+  args.num_cluster_tiles = args.tiles_per_split * plan.splits;
+  args.partials = nullptr;
+  args.partial_stride = 0;
+  if (plan.splits > 1) {
+    args.partial_stride = rows * args.out_ld;
+    args.partials = static_cast<float*>(workspace.get(plan.splits * args.partial_stride * int64_t(sizeof(float))));
+    args.vector_store = args.out_ld % 2 == 0 ? 1 : 0;
+  } else {
+    args.vector_store = (is_aligned(args.out, 16) && args.out_ld % 8 == 0 && shape.n_group_width % 8 == 0) ? 1 : 0;
+  }
+  const CUtensorMap b_map = b_map_for(plan.block_n);
+  const int resident = plan.block_n == 256 ? clusters_256 : clusters_128;
+  const int clusters = std::min(args.num_cluster_tiles, resident);
+  if (plan.block_n == 256) {
+    launch_core_kernel<kKind, Element, 256>(a_map, b_map, args, clusters, stream);
+  } else {
+    launch_core_kernel<kKind, Element, 128>(a_map, b_map, args, clusters, stream);
+  }
+  if (plan.splits > 1) {
+    const int64_t total = rows * args.out_ld;
+    const int vector = args.out_ld % 4 == 0 ? 1 : 0;
+    const int64_t threads_needed = vector ? ceil_div(total, 4) : total;
+    const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(threads_needed, 256), 132 * 16));
+    reduce_partials_kernel<Element><<<blocks, 256, 0, stream>>>(
+        args.partials, args.partial_stride, plan.splits, static_cast<Element*>(args.out), total, args.out_ld,
+        static_cast<const Element*>(args.bias), args.bias_stride, vector);
+  }
+}
+
+}  // namespace sm90
+}  // namespace vga

@@ -1,0 +1,105 @@
+// The backward products on Hopper for fp16/bf16: the GEMM core (sm90/gemm.cuh) as
+//  * kGradInput:  grad_x = grad_out @ W, rows x R*H over K. A = grad_out (K-major), B = W read
+//    along its rows (MN-major, wgmma's transpose bit), stored as the (rows, R*H) matrix that the
+//    returned (R, *batch, H) grad_x is a view of (the layout cat's autograd hands back).
+//  * kGradWeight: grad_W = grad_out^T @ cat(x), K x R*H over the rows. A = grad_out^T (MN-major),
+//    B = x through the forward's (H, inner, outer, R) view (MN-major), so the concat is never
+//    materialised either; an N tile stays inside one shard (n = shard * H + h), zero-filled past H.
+// Training reductions are long (grad_weight: all rows) and the outputs may have few tiles: the
+// core's plan splits the reduction where that fills the GPU and sums the fp32 slices in a fixed
+// order, so gradients are bitwise identical run to run. Tile shapes: see sm90/gemm.cuh.
+#pragma once
+
+#include "problem.cuh"
+#include "sm90/gemm.cuh"
+#include "sm90/views.cuh"
+
+namespace vga {
+
+inline const char* sm90_grad_input_refusal(const GradInputProblem& p) {
+  using namespace sm90;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype is not fp16/bf16";
+  if (p.cc_major != 9) return "needs an sm_90 (Hopper) GPU";
+  if (p.rows <= 0 || p.out_features <= 0 || p.columns() <= 0) return "empty problem";
+  if (p.rows > kMaxCoordinate || p.out_features > kMaxCoordinate || p.columns() > kMaxCoordinate)
+    return "a dimension is >= 2^31";
+  if (p.grad_out_stride < 0) return "grad_out's batch dims do not merge into one row stride";
+  if (const char* why = matrix_view_refusal(p.grad_out, p.dtype, p.grad_out_stride, p.rows)) return why;
+  if (p.weight_stride_in != 1) return "weight's input dim is not contiguous";
+  if (const char* why = matrix_view_refusal(p.weight, p.dtype, p.weight_stride_out, p.out_features)) return why;
+  if (p.rows * p.columns() * 16 * 4 > (int64_t(1) << 40)) return "output too large for split partial sums";
+  return nullptr;
+}
+
+inline void sm90_grad_input(const GradInputProblem& p, cudaStream_t stream) {
+  using namespace sm90;
+  const CUtensorMap grad_out_map = matrix_tensor_map(p.grad_out, p.dtype, p.out_features, p.rows, p.grad_out_stride,
+                                                     1, 0, kBlockK, 64);  // an A tile is two 64-row boxes
+  const CUtensorMap weight_map = matrix_tensor_map(p.weight, p.dtype, p.columns(), p.out_features,
+                                                   p.weight_stride_out, 1, 0, 64, kBlockK);
+  CoreShape shape;
+  shape.m_outer = 1;
+  shape.m_inner = p.rows;
+  shape.n_groups = 1;
+  shape.n_group_width = p.columns();
+  shape.kblocks = ceil_div(p.out_features, kBlockK);
+  shape.kblocks_per_group = shape.kblocks;
+  CoreArgs args{};
+  args.out = p.grad_x;
+  args.out_ld = p.columns();
+  auto weight_map_for = [&](int) { return weight_map; };
+  visit_half_dtype(p.dtype, [&](auto element) {
+    using Element = decltype(element);
+    run_core<GemmKind::kGradInput, Element>(shape, args, grad_out_map, weight_map_for, p.workspace, p.forced,
+                                            p.device_index, stream);
+  });
+}
+
+inline const char* sm90_grad_weight_refusal(const GradWeightProblem& g) {
+  using namespace sm90;
+  const ForwardProblem& p = g.shards;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype is not fp16/bf16";
+  if (const char* why = tma_view_refusal(p)) return why;
+  if (g.grad_out_stride != p.out_features) return "grad_out is not a contiguous (rows, K) matrix";
+  if (const char* why = matrix_view_refusal(g.grad_out, p.dtype, p.out_features, p.rows())) return why;
+  const RowView rows = row_view(p);
+  const int64_t kblocks = rows.outer * ceil_div(rows.inner, kBlockK);
+  if (rows.four_d && kblocks * kBlockK > 2 * p.rows())
+    return "two unmergeable batch dims with the inner one too short for 64-row k-blocks";
+  if (kblocks > kMaxCoordinate) return "reduction too long";
+  if (p.out_features * p.reduction() * 16 * 4 > (int64_t(1) << 40)) return "output too large for split partial sums";
+  return nullptr;
+}
+
+inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
+  using namespace sm90;
+  const ForwardProblem& p = g.shards;
+  const RowView rows = row_view(p);
+  // grad_out is contiguous (outer, inner, K): viewed as (K, inner, outer) it lines up with x's view.
+  const CUtensorMap grad_out_map = matrix_tensor_map(g.grad_out, p.dtype, p.out_features, rows.inner,
+                                                     p.out_features, rows.outer, rows.inner * p.out_features, 64,
+                                                     kBlockK);
+  const CUtensorMap x_map = x_tensor_map(p, rows, 64, kBlockK, /*always_4d=*/true);
+  CoreShape shape;
+  shape.m_outer = 1;
+  shape.m_inner = p.out_features;
+  // With H a multiple of 64 an N tile may span shards (each 64-column box lies in one), so the
+  // columns are one group and 256-wide tiles serve 128-wide heads; otherwise a tile stays in a shard.
+  const bool span_shards = p.shard_width % 64 == 0;
+  shape.n_groups = span_shards ? 1 : p.num_shards;
+  shape.n_group_width = span_shards ? p.reduction() : p.shard_width;
+  shape.kblocks_per_group = ceil_div(rows.inner, kBlockK);
+  shape.kblocks = rows.outer * shape.kblocks_per_group;
+  CoreArgs args{};
+  args.out = g.grad_weight;
+  args.out_ld = p.reduction();
+  args.b_shard_width = span_shards ? static_cast<int>(p.shard_width) : 0;
+  auto x_map_for = [&](int) { return x_map; };
+  visit_half_dtype(p.dtype, [&](auto element) {
+    using Element = decltype(element);
+    run_core<GemmKind::kGradWeight, Element>(shape, args, grad_out_map, x_map_for, p.workspace, p.forced,
+                                             p.device_index, stream);
+  });
+}
+
+}  // namespace vga

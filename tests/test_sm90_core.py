@@ -1,0 +1,182 @@
+"""The Hopper GEMM core (csrc/kernels/sm90/): every configuration of the forward, grad_x and
+grad_weight products forced through the private family ops against a float64 reference, on
+fresh random inputs, poisoned outputs, tails in every dim, strided and 4-D x; refusals; bitwise
+determinism; the grad_x layout; CUDA-graph capture of the split-K workspace."""
+
+import pytest
+import torch
+
+import vga_linear
+from utils import make_params, make_x, misaligned, poison_next_output, run_op, assert_close_to_float64
+
+pytestmark = pytest.mark.cuda
+
+HALF_TYPES = [torch.bfloat16, torch.float16]
+# Tile width and split forced, and the rule's own choice.
+CONFIGS = ["sm90_gemm", "sm90_gemm/n128", "sm90_gemm/n256", "sm90_gemm/n128/s3", "sm90_gemm/n256/s2",
+           "sm90_gemm/n128/s16"]
+# (R, batch, H, K): tails in rows (not a multiple of 128 or 64), K (not a multiple of 64, 128, 256),
+# H (80, 96, 8), one batch row, odd tile counts for the clusters of 2, two batch dims.
+SHAPES = [
+    (4, (130,), 64, 200),
+    (3, (77,), 80, 264),
+    (2, (300,), 96, 136),
+    (8, (65,), 8, 72),
+    (1, (1,), 64, 64),
+    (32, (200,), 128, 520),
+    (4, (3, 100), 64, 128),
+    (2, (2, 130), 136, 40),
+    (3, (90,), 128, 1000),    # grad_weight tiles spanning shards (H % 64 == 0), an odd shard count
+    (5, (128,), 192, 600),    # one row tile: the cluster pairs column tiles and shares A
+]
+
+
+def _reference_grads(grad_out, x, w):
+    g = grad_out.double().flatten(0, -2)
+    cat = torch.cat(x.double().unbind(0), -1).flatten(0, -2)
+    grad_cat = g @ w.double()
+    grad_x = grad_cat.unflatten(-1, (x.shape[0], x.shape[-1])).movedim(-2, 0).reshape(x.shape)
+    return grad_x, g.mT @ cat
+
+
+def _assert_close_scaled(out, ref, dtype):
+    """Within 2e-2 relative of the reference, with an absolute floor scaled to its spread
+    (a half-precision result carries ~2^-8 relative rounding)."""
+    assert not out.isnan().any(), "an element was never written (poisoned output)"
+    tol = 2e-2
+    atol = tol * max(ref.abs().mean().item(), 1e-6)
+    torch.testing.assert_close(out.double(), ref, atol=atol, rtol=tol)
+
+
+def _grad_x(grad_out, w, R, family):
+    poison_next_output((grad_out.shape[:-1].numel(), w.shape[1]), grad_out.dtype, grad_out.device)
+    return torch.ops.vga._gather_concat_linear_grad_x_family(grad_out, w, R, family)
+
+
+def _grad_weight(grad_out, x, family):
+    poison_next_output((grad_out.shape[-1], x.shape[0] * x.shape[-1]), grad_out.dtype, grad_out.device)
+    return torch.ops.vga._gather_concat_linear_grad_weight_family(grad_out, x, family)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_forward_configs(config, dtype, shape, layout):
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
+    for bias in (True, False):
+        w, b = make_params(R, H, K, dtype, "cuda", bias=bias)
+        assert_close_to_float64(run_op(x, w, b, config), x, w, b)
+
+
+@pytest.mark.parametrize("config", CONFIGS + ["generic"])
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_backward_configs(config, dtype, shape, layout):
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
+    w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
+    grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
+    ref_x, ref_w = _reference_grads(grad_out, x, w)
+    grad_x = _grad_x(grad_out, w, R, config)
+    assert grad_x.shape == x.shape and grad_x.dtype == dtype
+    _assert_close_scaled(grad_x, ref_x, dtype)
+    grad_w = _grad_weight(grad_out, x, config)
+    assert grad_w.shape == w.shape and grad_w.is_contiguous()
+    _assert_close_scaled(grad_w, ref_w, dtype)
+
+
+@pytest.mark.parametrize("batch", [(5, 7), (64,)])
+def test_grad_x_is_the_view_of_a_row_major_concat_gradient(batch):
+    # The layout cat/transpose-reshape's autograd hands back, and what register_fake says.
+    R, H, K = 4, 16, 24
+    grad_out = torch.randn((*batch, K), dtype=torch.bfloat16, device="cuda")
+    w, _ = make_params(R, H, K, torch.bfloat16, "cuda", bias=False)
+    grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, w, R)
+    expected = vga_linear.ops.shards_of_concat(torch.empty((*batch, R * H), device="cuda"), R)
+    assert grad_x.shape == expected.shape and grad_x.stride() == expected.stride()
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fake = torch.ops.vga.gather_concat_linear_grad_x(
+            torch.empty(grad_out.shape, dtype=grad_out.dtype, device="cuda"),
+            torch.empty(w.shape, dtype=w.dtype, device="cuda"), R)
+    assert fake.stride() == grad_x.stride()
+
+
+def test_backward_refusals_say_why():
+    x = make_x(2, (40,), 64, torch.float32, "cuda")
+    w, _ = make_params(2, 64, 32, torch.float32, "cuda", bias=False)
+    g = torch.randn(40, 32, device="cuda")
+    with pytest.raises(RuntimeError, match="refuses this input: dtype is not fp16/bf16"):
+        torch.ops.vga._gather_concat_linear_grad_x_family(g, w, 2, "sm90_gemm")
+    with pytest.raises(RuntimeError, match="refuses this input: dtype is not fp16/bf16"):
+        torch.ops.vga._gather_concat_linear_grad_weight_family(g, x, "sm90_gemm")
+    xb, wb, gb = x.bfloat16(), w.bfloat16(), g.bfloat16()
+    with pytest.raises(RuntimeError, match="refuses this input: .*16-byte"):
+        torch.ops.vga._gather_concat_linear_grad_x_family(gb, misaligned(wb), 2, "sm90_gemm")
+    with pytest.raises(RuntimeError, match="refuses this input: .*16-byte"):
+        torch.ops.vga._gather_concat_linear_grad_weight_family(gb, misaligned(xb), "sm90_gemm")
+    with pytest.raises(RuntimeError, match="unknown kernel family"):
+        torch.ops.vga._gather_concat_linear_grad_x_family(gb, wb, 2, "no_such_family")
+    with pytest.raises(RuntimeError, match="bad configuration 'n100'"):
+        torch.ops.vga._gather_concat_linear_grad_x_family(gb, wb, 2, "sm90_gemm/n100")
+    # What sm90 refuses, auto-dispatch still computes (generic), correctly.
+    gx = torch.ops.vga.gather_concat_linear_grad_x(gb, misaligned(wb), 2)
+    _assert_close_scaled(gx, _reference_grads(gb, xb, wb)[0], torch.bfloat16)
+
+
+@pytest.mark.parametrize("config", ["sm90_gemm", "sm90_gemm/n128/s7"])
+def test_gradients_are_bitwise_deterministic(config):
+    R, batch, H, K = 8, (4096,), 128, 256  # a long reduction: the rule splits grad_weight
+    x = make_x(R, batch, H, torch.bfloat16, "cuda")
+    w, _ = make_params(R, H, K, torch.bfloat16, "cuda", bias=False)
+    g = torch.randn((*batch, K), dtype=torch.bfloat16, device="cuda")
+    first = (_grad_x(g, w, R, config).clone(), _grad_weight(g, x, config).clone(), run_op(x, w, None, config))
+    for _ in range(3):
+        again = (_grad_x(g, w, R, config), _grad_weight(g, x, config), run_op(x, w, None, config))
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+def test_split_workspace_under_cuda_graph_capture():
+    R, batch, H, K = 8, (2048,), 128, 128
+    x = make_x(R, batch, H, torch.bfloat16, "cuda")
+    w, _ = make_params(R, H, K, torch.bfloat16, "cuda", bias=False)
+    g = torch.randn((*batch, K), dtype=torch.bfloat16, device="cuda")
+    eager = _grad_weight(g, x, "sm90_gemm/n128/s8").clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _grad_weight(g, x, "sm90_gemm/n128/s8")  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.ops.vga._gather_concat_linear_grad_weight_family(g, x, "sm90_gemm/n128/s8")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+def test_training_through_the_sdpa_view(dtype):
+    # The o_proj of an attention block: x is the (heads, b, s, d) view of SDPA's (b, heads, s, d)
+    # output; gradients flow back through the view like the transpose(1, 2).reshape path's.
+    b, heads, s, d, K = 2, 8, 192, 64, 320
+    torch.manual_seed(0)
+    q = torch.randn(b, heads, s, d, dtype=dtype, device="cuda", requires_grad=True)
+    layer = vga_linear.VGALinear(heads, d, K, device="cuda", dtype=dtype)
+    ref = torch.nn.Linear(heads * d, K, device="cuda", dtype=torch.float64)
+    ref.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
+    attn = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    out = layer(attn.transpose(0, 1))
+    q64 = q.detach().double().requires_grad_()
+    attn64 = torch.nn.functional.scaled_dot_product_attention(q64, q64, q64)
+    out64 = ref(attn64.transpose(1, 2).reshape(b, s, heads * d))
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    out64.backward(grad.double())
+    _assert_close_scaled(out, out64.detach(), dtype)
+    _assert_close_scaled(layer.weight.grad, ref.weight.grad, dtype)
+    _assert_close_scaled(layer.bias.grad, ref.bias.grad, dtype)
+    _assert_close_scaled(q.grad, q64.grad, dtype)
