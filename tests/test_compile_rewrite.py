@@ -598,6 +598,38 @@ def test_fx_graph_cache_across_processes(tmp_path):
         assert r["err"] < 1e-5, r
 
 
+def _docs_example():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "compile.md")
+    if not os.path.exists(path):
+        pytest.skip("docs/compile.md not in this checkout")
+    text = open(path).read()
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def _run_docs_example(code):
+    torch._dynamo.reset()
+    counters.clear()
+    saved = torch._inductor.config.pre_grad_custom_pass
+    try:
+        with _no_caches():
+            exec(compile(code, "docs/compile.md", "exec"), {"__name__": "docs_example"})
+    finally:
+        torch._inductor.config.pre_grad_custom_pass = saved
+    assert counters["vga_linear"]["rewritten"] == 1, dict(counters["vga_linear"])
+
+
+def test_docs_example_runs_on_cpu():
+    code = _docs_example()
+    code = code.replace('device = "cuda"', 'device = "cpu"').replace("torch.bfloat16", "torch.float32")
+    code = code.replace("enable()", 'enable(devices=("cpu", "cuda"))').replace("1024, 128", "16, 128")
+    _run_docs_example(code)
+
+
+@pytest.mark.cuda
+def test_docs_example_runs_on_cuda():
+    _run_docs_example(_docs_example())
+
+
 # --------------------------------------------------------------------------------------------
 # CUDA: the real kernels under Inductor.
 

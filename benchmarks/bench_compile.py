@@ -1,0 +1,289 @@
+"""torch.compile with and without vga_linear.compile's rewrite, forward and training step, on CUDA.
+
+Cases (bf16 by default):
+  oproj_cat      F.linear(torch.cat(x.unbind(0), -1), W): R=32, rows 2048, H=128, K=4096 (issue 15's shape)
+  oproj_permute  the same on attn (1, 32, 2048, 128).transpose(1, 2).reshape(1, 2048, 4096)
+  attn_eager     a LlamaAttention-style block (hidden 4096, 32 heads, s 2048): eager attention,
+                 whose output is contiguous (b, heads, s, d), so the o_proj gather copies
+  attn_sdpa      the same block on SDPA (flash: output laid out (b, s, heads, d), nothing to
+                 copy, so the pass declines; "forced" rows rewrite it anyway, require_copy=False)
+  llama_eager    transformers LlamaForCausalLM from a LlamaConfig (1 layer, hidden 2048, 16
+  llama_sdpa     heads, 2 x 1024 tokens, no download), eager / sdpa attention (skipped without
+                 transformers; llama_sdpa and attn_sdpa are not in the default set)
+
+Each row: CUDA-event median µs of the compiled model without the rewrite and with it, the
+ratio (> 1: the rewrite is faster) and how many linears the pass rewrote. "fwd" runs under
+torch.no_grad(); "train" is forward + backward (no optimizer). The default set is sized to
+run in under 90 s on an H200, most of it compiling (16 compiles); the total is printed.
+
+  python benchmarks/bench_compile.py [--cases a,b] [--modes fwd,train] [--forced] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import vga_linear  # noqa: E402
+import vga_linear.compile as vc  # noqa: E402
+
+
+class OProjCat(nn.Module):
+    def __init__(self, R, H, K, dtype, device):
+        super().__init__()
+        self.proj = nn.Linear(R * H, K, bias=False, dtype=dtype, device=device)
+
+    def forward(self, x):
+        return self.proj(torch.cat(x.unbind(0), dim=-1))
+
+
+class OProjPermute(nn.Module):
+    def __init__(self, R, H, K, dtype, device):
+        super().__init__()
+        self.proj = nn.Linear(R * H, K, bias=False, dtype=dtype, device=device)
+
+    def forward(self, attn):
+        b, h, s, d = attn.shape
+        return self.proj(attn.transpose(1, 2).reshape(b, s, h * d))
+
+
+class Attention(nn.Module):
+    """transformers' LlamaAttention forward without rotary/cache (same views and projections)."""
+
+    def __init__(self, hidden, heads, kv_heads, attention, dtype, device):
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.groups = heads // kv_heads
+        self.attention = attention
+        kw = {"bias": False, "dtype": dtype, "device": device}
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, **kw)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, **kw)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, **kw)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, **kw)
+
+    def forward(self, hidden_states):
+        input_shape = hidden_states.shape[:-1]
+        shape = (*input_shape, -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2).repeat_interleave(self.groups, 1)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2).repeat_interleave(self.groups, 1)
+        if self.attention == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            w = torch.matmul(q, k.transpose(2, 3)) * self.head_dim**-0.5
+            s = q.shape[2]
+            mask = torch.full((s, s), float("-inf"), device=q.device, dtype=q.dtype).triu(1)
+            w = F.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(w, v)
+        out = out.transpose(1, 2).contiguous()
+        out = out.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(out)
+
+
+def _llama(attention, dtype, device, smoke=False):
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=128 if smoke else 4096,
+        hidden_size=64 if smoke else 2048,
+        intermediate_size=128 if smoke else 5632,
+        num_hidden_layers=1,
+        num_attention_heads=4 if smoke else 16,
+        num_key_value_heads=2 if smoke else 4,
+        max_position_embeddings=2048,
+    )
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    inner = transformers.LlamaForCausalLM(config).to(dtype=dtype, device=device)
+
+    class Logits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids):
+            return self.inner(input_ids=ids, use_cache=False).logits
+
+    return Logits()
+
+
+def make_case(name, dtype, device, smoke=False):
+    torch.manual_seed(0)
+    # smoke: the same code on small CPU shapes, to check the script without a GPU
+    R, rows, H, K = (4, 16, 16, 32) if smoke else (32, 2048, 128, 4096)
+    if name == "oproj_cat":
+        return OProjCat(R, H, K, dtype, device), torch.randn(R, rows, H, dtype=dtype, device=device)
+    if name == "oproj_permute":
+        return OProjPermute(R, H, K, dtype, device), torch.randn(1, R, rows, H, dtype=dtype, device=device)
+    if name in ("attn_eager", "attn_sdpa"):
+        model = Attention(R * H, R, R // 4, name.split("_")[1], dtype, device)
+        return model, torch.randn(1, rows, R * H, dtype=dtype, device=device)
+    if name in ("llama_eager", "llama_sdpa"):
+        model = _llama(name.split("_")[1], dtype, device, smoke)
+        return model, torch.randint(0, 128 if smoke else 4096, (2, 16 if smoke else 1024), device=device)
+    raise SystemExit(f"unknown case {name}")
+
+
+def median_us(fn, warmup=3, iters=15):
+    if not torch.cuda.is_available():  # --smoke on CPU
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def run_variant(model, x, mode, rewrite, pass_options):
+    """(median µs, rewrites, first-call seconds) of torch.compile(model) in mode."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model)
+    params = [p for p in model.parameters()]
+    ctx = vc.enabled(**pass_options) if rewrite else _null()
+    with ctx:
+        if mode == "fwd":
+            for p in params:
+                p.requires_grad_(False)
+
+            def step():
+                with torch.no_grad():
+                    return compiled(x)
+        else:
+            for p in params:
+                p.requires_grad_(True)
+            inp = x.detach().clone().requires_grad_(x.is_floating_point())
+            grad = None
+
+            def step():
+                nonlocal grad
+                for p in params:
+                    p.grad = None
+                out = compiled(inp)
+                if grad is None:
+                    grad = torch.randn_like(out) / out.numel() ** 0.5
+                out.backward(grad)
+                return out
+
+        t0 = time.perf_counter()
+        step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        us = median_us(step)
+    return us, counters["vga_linear"]["rewritten"], first, step
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="oproj_cat,oproj_permute,attn_eager,llama_eager",
+                    help="comma-separated; attn_sdpa and llama_sdpa are also available")
+    ap.add_argument("--modes", default="fwd,train")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--forced", action="store_true", help="also rows with require_copy=False for the sdpa cases")
+    ap.add_argument("--check", action="store_true", help="compare the two variants' outputs")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script, times nothing)")
+    args = ap.parse_args(argv)
+    device = "cpu" if args.smoke else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("bench_compile.py needs a CUDA GPU (--smoke runs tiny CPU shapes)")
+    pass_options = {"devices": ("cpu", "cuda")} if args.smoke else {}
+    if args.smoke:
+        dtype_name = "float32"
+        args.dtype = dtype_name
+    dtype = getattr(torch, args.dtype)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    why = vc.supported()
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
+    print(
+        f"vga_linear {vga_linear.__version__}, torch {torch.__version__}, {device_name}, "
+        f"kernels loaded: {vga_linear.kernels_loaded()}, rewrite supported: {why or 'yes'}"
+    )
+    rows = []
+    t_start = time.perf_counter()
+    header = f"{'case':<22}{'mode':<7}{'compile µs':>12}{'+rewrite µs':>13}{'ratio':>8}{'rewrites':>10}{'compile s':>11}"
+    print(header)
+    for name in [c for c in args.cases.split(",") if c]:
+        try:
+            model, x = make_case(name, dtype, device, args.smoke)
+        except ImportError as exc:
+            print(f"{name:<22}skipped ({exc})")
+            continue
+        variants = [("", dict(pass_options))]
+        if args.forced and name.endswith("sdpa"):
+            variants.append((" forced", {**pass_options, "require_copy": False}))
+        for mode in [m for m in args.modes.split(",") if m]:
+            base_us, _, base_first, base_step = run_variant(model, x, mode, False, {})
+            base_out = base_step().detach().float() if args.check else None
+            for suffix, opts in variants:
+                us, n, first, step = run_variant(model, x, mode, True, opts)
+                row = {
+                    "case": name + suffix,
+                    "mode": mode,
+                    "dtype": args.dtype,
+                    "compile_us": base_us,
+                    "rewrite_us": us,
+                    "ratio": base_us / us,
+                    "rewrites": n,
+                    "first_call_s": [base_first, first],
+                }
+                if args.check:
+                    out = step().detach().float()
+                    row["max_abs_diff"] = (out - base_out).abs().max().item()
+                rows.append(row)
+                print(
+                    f"{row['case']:<22}{mode:<7}{base_us:>12.1f}{us:>13.1f}{row['ratio']:>7.2f}x{n:>10}"
+                    f"{base_first + first:>11.1f}"
+                    + (f"  max|diff| {row['max_abs_diff']:.3g}" if args.check else "")
+                )
+        del model, x
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    total = time.perf_counter() - t_start
+    print(f"total {total:.1f} s. ratio = compiled without / with the rewrite (> 1: the rewrite is faster)")
+    if args.json:
+        meta = {
+            "torch": torch.__version__,
+            "vga_linear": vga_linear.__version__,
+            "device": device_name,
+            "kernels_loaded": vga_linear.kernels_loaded(),
+            "total_s": total,
+        }
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
