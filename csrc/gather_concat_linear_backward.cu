@@ -12,13 +12,30 @@
 
 #include "kernels/generic_gemm.cuh"
 #include "kernels/sm90_grad.cuh"
+#include "kernels/sm90_tf32x3_grad.cuh"
 #include "launch_context.h"
 
 namespace vga {
 namespace {
 
-// In preference order; generic, which accepts everything, comes last.
-constexpr const char* kBackwardFamilies[] = {"sm90_gemm", "generic"};
+// The backward families, in preference order; generic, which accepts everything, comes last
+// (refusal == nullptr) and runs from the tensors themselves.
+template <typename Problem>
+struct BackwardFamily {
+  const char* name;
+  const char* (*refusal)(const Problem&);
+  void (*run)(const Problem&, cudaStream_t);
+};
+constexpr BackwardFamily<GradInputProblem> kGradInputFamilies[] = {
+    {"sm90_gemm", sm90_grad_input_refusal, sm90_grad_input},
+    {"sm90_tf32x3", sm90_tf32x3_grad_input_refusal, sm90_tf32x3_grad_input},
+    {"generic", nullptr, nullptr},
+};
+constexpr BackwardFamily<GradWeightProblem> kGradWeightFamilies[] = {
+    {"sm90_gemm", sm90_grad_weight_refusal, sm90_grad_weight},
+    {"sm90_tf32x3", sm90_tf32x3_grad_weight_refusal, sm90_tf32x3_grad_weight},
+    {"generic", nullptr, nullptr},
+};
 
 void check_same(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name, const char* op) {
   STD_TORCH_CHECK(kernel_dtype(a.scalar_type()).has_value(), op, ": ", a_name, " has dtype ",
@@ -55,17 +72,28 @@ int64_t merged_row_stride(const Tensor& grad_out) {
   return grad_out.stride(0) == grad_out.size(1) * grad_out.stride(1) ? grad_out.stride(1) : -1;
 }
 
-// Which family runs: the forced one (it must accept the input or say why not), or the first that accepts.
-template <typename Problem>
-const char* pick_family(const std::string& forced, const Problem& p, const char* (*sm90_refusal)(const Problem&),
-                        const char* op) {
-  if (forced.empty()) return sm90_refusal(p) == nullptr ? kBackwardFamilies[0] : kBackwardFamilies[1];
+// Which family runs: the forced one (it must accept the input or say why not), or the first that
+// accepts. Only sm90_gemm takes a configuration ("sm90_gemm/n128/s4").
+template <typename Problem, size_t N>
+const BackwardFamily<Problem>& pick_family(const BackwardFamily<Problem> (&families)[N], const std::string& forced,
+                                           const Problem& p, const char* op) {
+  if (forced.empty()) {
+    for (const auto& family : families) {
+      if (family.refusal == nullptr || family.refusal(p) == nullptr) return family;
+    }
+  }
   const std::string name = forced.substr(0, forced.find('/'));
-  if (name == "generic") return kBackwardFamilies[1];
-  STD_TORCH_CHECK(name == "sm90_gemm", op, ": unknown kernel family '", forced, "'; known: sm90_gemm, generic");
-  const char* why = sm90_refusal(p);
-  STD_TORCH_CHECK(why == nullptr, op, ": kernel family 'sm90_gemm' refuses this input: ", why);
-  return kBackwardFamilies[0];
+  for (const auto& family : families) {
+    if (name != family.name) continue;
+    STD_TORCH_CHECK(name == forced || name == "sm90_gemm", op, ": only sm90_gemm takes a configuration, got '",
+                    forced, "'");
+    const char* why = family.refusal == nullptr ? nullptr : family.refusal(p);
+    STD_TORCH_CHECK(why == nullptr, op, ": kernel family '", family.name, "' refuses this input: ", why);
+    return family;
+  }
+  std::string known;
+  for (const auto& family : families) known += std::string(known.empty() ? "" : ", ") + family.name;
+  STD_TORCH_CHECK(false, op, ": unknown kernel family '", forced, "'; known: ", known);
 }
 
 ForcedConfig forced_config_of(const std::string& forced, const char* op) {
@@ -121,9 +149,9 @@ Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_sha
   p.device_index = device_index;
   p.workspace = workspace.request();
   p.forced = forced_config_of(forced, op);
-  const char* family = pick_family<GradInputProblem>(forced, p, sm90_grad_input_refusal, op);
-  if (family == kBackwardFamilies[0]) {
-    sm90_grad_input(p, stream);
+  const auto& family = pick_family(kGradInputFamilies, forced, p, op);
+  if (family.run != nullptr) {
+    family.run(p, stream);
   } else {
     visit_dtype(dtype, [&](auto element) {
       using T = decltype(element);
@@ -181,9 +209,9 @@ Tensor grad_weight_impl(const Tensor& grad_out, const Tensor& x, const std::stri
   g.grad_out = grad_out.const_data_ptr();
   g.grad_out_stride = merged_row_stride(grad_out);
   g.grad_weight = grad_weight.mutable_data_ptr();
-  const char* family = pick_family<GradWeightProblem>(forced, g, sm90_grad_weight_refusal, op);
-  if (family == kBackwardFamilies[0]) {
-    sm90_grad_weight(g, stream);
+  const auto& family = pick_family(kGradWeightFamilies, forced, g, op);
+  if (family.run != nullptr) {
+    family.run(g, stream);
   } else {
     visit_dtype(dtype, [&](auto element) {
       using T = decltype(element);
@@ -204,7 +232,7 @@ Tensor grad_x_cuda(Tensor grad_out, Tensor weight, int64_t num_shards) {
 }
 Tensor grad_weight_cuda(Tensor grad_out, Tensor x) { return grad_weight_impl(grad_out, x, ""); }
 
-// Tests and benchmarks force one family ("sm90_gemm", "sm90_gemm/n128/s4", "generic").
+// Tests and benchmarks force one family ("sm90_gemm", "sm90_gemm/n128/s4", "sm90_tf32x3", "generic").
 Tensor grad_x_family_cuda(Tensor grad_out, Tensor weight, int64_t num_shards, std::string family) {
   return grad_x_impl(grad_out, weight, num_shards, family);
 }

@@ -180,3 +180,28 @@ def test_training_through_the_sdpa_view(dtype):
     _assert_close_scaled(layer.weight.grad, ref.weight.grad, dtype)
     _assert_close_scaled(layer.bias.grad, ref.bias.grad, dtype)
     _assert_close_scaled(q.grad, q64.grad, dtype)
+
+
+@pytest.mark.parametrize("family", ["sm90_tf32x3", "generic"])
+@pytest.mark.parametrize("shape", [(8, (1024,), 256, 1024), (3, (77,), 80, 264), (4, (3, 101), 64, 128),
+                                   (2, (2, 130), 136, 40), (5, (13,), 12, 36)], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_fp32_backward_at_fp32_accuracy(family, shape, layout):
+    # 3xTF32 on transposed copies (rows padded to a multiple of 4): relative error <= 1e-4.
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, torch.float32, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
+    w, _ = make_params(R, H, K, torch.float32, "cuda", bias=False)
+    grad_out = torch.randn((*batch, K), dtype=torch.float32, device="cuda")
+    ref_x, ref_w = _reference_grads(grad_out, x, w)
+    for got, ref in ((_grad_x(grad_out, w, R, family), ref_x), (_grad_weight(grad_out, x, family), ref_w)):
+        assert not got.isnan().any()
+        scale = ref.abs().max().item()
+        assert (got.double() - ref).abs().max().item() <= 1e-4 * scale
+
+
+def test_fp32_backward_picks_3xtf32_on_hopper():
+    x = make_x(8, (256,), 64, torch.float32, "cuda")
+    w, _ = make_params(8, 64, 128, torch.float32, "cuda", bias=False)
+    g = torch.randn(256, 128, device="cuda")
+    auto = torch.ops.vga.gather_concat_linear_grad_weight(g, x)
+    assert torch.equal(auto, torch.ops.vga._gather_concat_linear_grad_weight_family(g, x, "sm90_tf32x3"))

@@ -191,7 +191,9 @@ __device__ __forceinline__ void store_block(const float (&acc)[kBlockN / 2], con
 
 #endif  // VGA_SM90A_DEVICE
 
-__global__ void __launch_bounds__(kThreads, 1)
+// static: this header is built into two translation units (the forward, and the fp32 backward
+// of sm90_tf32x3_grad.cuh); each gets its own kernel and, in launch(), its own shared-memory opt-in.
+static __global__ void __launch_bounds__(kThreads, 1)
     tf32x3_gemm_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                        const Args args) {
 #ifdef VGA_SM90A_DEVICE
@@ -303,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ------------------------------------------------------------------ host
 
-inline void launch(const ForwardProblem& p, cudaStream_t stream) {
+static inline void launch(const ForwardProblem& p, cudaStream_t stream) {
   const sm90::RowView rows = sm90::row_view(p);
   const int64_t H = p.shard_width;
   const CUtensorMap x_map = sm90::x_tensor_map(p, rows, kBlockK, kBlockM);
@@ -351,6 +353,6 @@ inline const char* sm90_tf32x3_refusal(const ForwardProblem& p) {
   return nullptr;
 }
 
-inline void sm90_tf32x3_forward(const ForwardProblem& p, cudaStream_t stream) { sm90_tf32x3::launch(p, stream); }
+static inline void sm90_tf32x3_forward(const ForwardProblem& p, cudaStream_t stream) { sm90_tf32x3::launch(p, stream); }
 
 }  // namespace vga

@@ -171,7 +171,7 @@ __device__ __forceinline__ uint64_t b_descriptor(const uint8_t* b_tile) {
 // A k step of 16 is 32 bytes along a K-major row, or 16 k rows (2048 bytes) of an MN-major box;
 // descriptors count in 16-byte units.
 template <int kTrans>
-constexpr uint64_t descriptor_step() {
+__host__ __device__ constexpr uint64_t descriptor_step() {
   return kTrans ? 2048 / 16 : 32 / 16;
 }
 
