@@ -268,6 +268,23 @@ def test_declines_other_users_of_the_cat():
     _declined(ReshapeWithOtherUser(), [torch.randn(2, R, 5, H)], "other users")
 
 
+def test_declines_a_write_between_the_copy_and_the_linear():
+    """Dynamo's graph is not functional: the op would read x where the linear was."""
+
+    class Mutates(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(R * H, K)
+
+        def forward(self, x):
+            x = x * 1  # a graph-local tensor, so Dynamo keeps the in-place op
+            c = torch.cat(x.unbind(0), -1)
+            x.mul_(2)
+            return self.proj(c) + x.sum()
+
+    _declined(Mutates(), [torch.randn(R, 6, H)], "may write")
+
+
 def test_declines_unsupported_dtype():
     model = _make("cat_unbind", dtype=torch.float64)
     _declined(model, [_form_input("cat_unbind", (6,), dtype=torch.float64)], "dtype float64")

@@ -284,6 +284,26 @@ def _match_linear(node: fx.Node) -> tuple[Any, Any, Any, str] | None:
     return None
 
 
+def _may_mutate(node: fx.Node) -> bool:
+    """Conservative: an in-place method or function, an out= call, a mutable aten op, a module."""
+    if node.op == "call_module":
+        return True
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if "out" in node.kwargs:
+        return True
+    target = node.target
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    if name.endswith("_") and not name.endswith("__"):
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return bool(schema.is_mutable)
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return any(getattr(target, o)._schema.is_mutable for o in target.overloads())
+    return target is operator.setitem
+
+
 def _is_contiguous_call(node: Any) -> bool:
     if _is(node, frozenset(), {"contiguous"}):
         fmt = _arg(node, 1, "memory_format", torch.contiguous_format)
@@ -321,6 +341,7 @@ class _Match:
         self.narrow = False
         self.out_reshape: Any = None  # None, "flatten" or a shape: (*batch, K) -> the linear's
         self.dead: list[fx.Node] = []  # nodes to erase once unused, users first
+        self.read_at: fx.Node | None = None  # where the original graph read the shards (a copy)
 
 
 def _cat_shards(cat: fx.Node) -> tuple[fx.Node, int, list[fx.Node]] | None:
@@ -405,6 +426,7 @@ def _analyse(linear: fx.Node, opts: GatherConcatLinearPass) -> _Match | None:
             m.x_stride = tuple(xv.stride())
             m.x_offset = xv.storage_offset()
             m.dead = [*between, source, *shard_nodes]
+            m.read_at = source
             break
         if not between:
             continue
@@ -426,11 +448,19 @@ def _analyse(linear: fx.Node, opts: GatherConcatLinearPass) -> _Match | None:
         m.x_stride = (stride[-2], *stride[:-2], stride[-1])
         m.x_offset = pv.storage_offset()
         m.dead = list(between)
+        m.read_at = between[-1]
         break
     if structural is None:
         return None
     if weight_t is not None:
         m.dead.append(weight_t)
+    # The op reads the shards where the linear was, not where the copy was made: nothing in
+    # between may write to memory (Dynamo's graph is not functional).
+    node = m.read_at.next
+    while node is not linear:
+        if _may_mutate(node):
+            raise _Decline(f"{node.format_node()} may write to the shards before the linear")
+        node = node.next
     _check_guards(m, av, opts)
     return m
 
