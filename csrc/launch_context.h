@@ -113,8 +113,7 @@ Tensor empty_strided_cuda_like(const Tensor& like, const std::array<int64_t, N>&
   return Tensor(handle);
 }
 
-// A contiguous tensor of `sizes` with `like`'s dtype on CUDA device `device_index`,
-// from torch's caching allocator (so it is CUDA-graph safe).
+// A contiguous tensor of `sizes` with `like`'s dtype on CUDA device `device_index`.
 template <size_t N>
 Tensor empty_cuda_like(const Tensor& like, const std::array<int64_t, N>& sizes, size_t ndim,
                        int32_t device_index) {
@@ -124,16 +123,7 @@ Tensor empty_cuda_like(const Tensor& like, const std::array<int64_t, N>& sizes, 
     strides[i] = stride;
     stride *= sizes[i] > 0 ? sizes[i] : 1;
   }
-  int32_t dtype = 0;
-  STD_TORCH_CHECK(aoti_torch_get_dtype(like.get(), &dtype) == AOTI_TORCH_SUCCESS,
-                  "vga: could not read a tensor's dtype");
-  AtenTensorHandle handle = nullptr;
-  STD_TORCH_CHECK(
-      aoti_torch_empty_strided(static_cast<int64_t>(ndim), sizes.data(), strides.data(), dtype,
-                               aoti_torch_device_type_cuda(), device_index,
-                               &handle) == AOTI_TORCH_SUCCESS,
-      "vga: could not allocate the output");
-  return Tensor(handle);
+  return empty_strided_cuda_like(like, sizes, strides, ndim, device_index);
 }
 
 // "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n128,

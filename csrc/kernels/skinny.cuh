@@ -45,6 +45,7 @@
 
 #include "element_types.cuh"
 #include "problem.cuh"
+#include "sm90/ptx.cuh"
 
 namespace vga {
 namespace skinny_detail {
@@ -78,9 +79,6 @@ struct SkinnyParams {
 
 // ---------------------------------------------------------------- small PTX helpers
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // W is read exactly once: keep it out of L1, and ask L2 for 256-byte lines (HBM efficiency).
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
@@ -153,12 +151,6 @@ struct Bits<float> {
 
 // ---------------------------------------------------------------- cluster helpers (sm_90)
 
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
-#endif
-}
 
 // fp32 load from this CTA's shared memory at `local`; 0 without touching memory when !live
 // (a predicated load: no branch between a batch of them).
@@ -302,7 +294,7 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
   const int slices = gridDim.x;
   const int rank = blockIdx.x;
   if (slices > 1) {
-    cluster_barrier();
+    sm90::cluster_sync();
   } else {
     __syncthreads();
   }
@@ -344,7 +336,7 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
       }
     }
   }
-  if (slices > 1) cluster_barrier();  // peers may still be reading our partial tile
+  if (slices > 1) sm90::cluster_sync();  // peers may still be reading our partial tile
 }
 
 template <int kRowsPerCta, int kBPad, int kStageBytes>
@@ -357,8 +349,10 @@ constexpr int smem_bytes() {
 
 // ---------------------------------------------------------------- half types: mma.sync
 
-template <int kMTiles, int kNTiles>
+// 128-row W tiles (one m16 tile a warp): they measured faster than 256-row tiles on every bench shape.
+template <int kNTiles>
 struct MmaConfig {
+  static constexpr int kMTiles = 1;
   static constexpr int kChunk = 64;  // reduction elements per step: 128 bytes of each W row
   static constexpr int kBPad = kNTiles * 8;
   static constexpr int kRowsPerWarp = kMTiles * 16;
@@ -369,9 +363,10 @@ struct MmaConfig {
   static constexpr int kSmem = smem_bytes<kRowsPerCta, kBPad, kStageBytes>();
 };
 
-template <typename T, int kMTiles, int kNTiles>
+template <typename T, int kNTiles>
 __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyParams p) {
-  using Cfg = MmaConfig<kMTiles, kNTiles>;
+  using Cfg = MmaConfig<kNTiles>;
+  constexpr int kMTiles = Cfg::kMTiles;
   constexpr int kChunk = Cfg::kChunk;
   constexpr int kBPad = Cfg::kBPad;
   constexpr int kDepth = Cfg::kWDepth;
@@ -379,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyPar
   constexpr int kRowBytes = kChunk * 2;  // one staged x row
 
   extern __shared__ __align__(16) unsigned char smem[];
-  const uint32_t smem_base = smem_addr(smem);
+  const uint32_t smem_base = sm90::smem_address(smem);
   constexpr int kBody = Cfg::kSmem - kBPad * 8;
   int64_t* row_offset = reinterpret_cast<int64_t*>(smem + kBody);
 
@@ -525,7 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_fp32_kernel(const SkinnyPa
   constexpr int kRowsPerCta = Cfg::kRowsPerCta;
 
   extern __shared__ __align__(16) unsigned char smem[];
-  const uint32_t smem_base = smem_addr(smem);
+  const uint32_t smem_base = sm90::smem_address(smem);
   constexpr int kBody = Cfg::kSmem - kBPad * 8;
   int64_t* row_offset = reinterpret_cast<int64_t*>(smem + kBody);
 
@@ -801,17 +796,14 @@ inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
   launch_skinny<kKernel>(kSmem, plan, stream, make_params(p, plan.slice_len));
 }
 
-// 128-row W tiles (kMTiles = 1): they measured faster than 256-row tiles on every bench shape.
 template <typename T>
 inline void launch_mma(const ForwardProblem& p, cudaStream_t stream) {
-  constexpr int kMTiles = 1;
   const int64_t rows = p.rows();
   const int n_tiles = rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
 #define VGA_SKINNY_MMA_CASE(NT)                                                            \
   case NT:                                                                                 \
-    plan_and_launch<skinny_mma_kernel<T, kMTiles, NT>, MmaConfig<kMTiles, NT>::kRowsPerCta, \
-                    MmaConfig<kMTiles, NT>::kChunk, MmaConfig<kMTiles, NT>::kSmem>(         \
-        p, stream);                                                                        \
+    plan_and_launch<skinny_mma_kernel<T, NT>, MmaConfig<NT>::kRowsPerCta, MmaConfig<NT>::kChunk, \
+                    MmaConfig<NT>::kSmem>(p, stream);                                         \
     break;
   switch (n_tiles) {
     VGA_SKINNY_MMA_CASE(1)
@@ -824,7 +816,8 @@ inline void launch_mma(const ForwardProblem& p, cudaStream_t stream) {
 
 // fp32 runs only up to kMaxFp32Rows rows (see skinny_refusal).
 inline void launch_fp32(const ForwardProblem& p, cudaStream_t stream) {
-  if (p.rows() > kMaxFp32Rows) return;  // refused by skinny_refusal; never launch a wrong tile
+  STD_TORCH_CHECK(p.rows() <= kMaxFp32Rows, "vga skinny: fp32 with more than ", kMaxFp32Rows,
+                  " rows reached the launch (skinny_refusal refuses it)");
   if (p.rows() <= 8) {
     plan_and_launch<skinny_fp32_kernel<8>, SimtConfig<8>::kRowsPerCta, SimtConfig<8>::kChunk,
                     SimtConfig<8>::kSmem>(p, stream);
@@ -871,8 +864,9 @@ inline void skinny_forward(const ForwardProblem& p, cudaStream_t stream) {
     case DType::kFloat32:
       return skinny_detail::launch_fp32(p, stream);
     case DType::kFloat64:
-      return;  // refused by skinny_refusal
+      break;
   }
+  STD_TORCH_CHECK(false, "vga skinny: float64 reached the launch (skinny_refusal refuses it)");
 }
 
 }  // namespace vga

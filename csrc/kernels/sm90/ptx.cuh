@@ -26,11 +26,23 @@ namespace vga {
 namespace sm90 {
 
 // ---------------------------------------------------------------- device side
-#ifdef VGA_SM90A_DEVICE
-
+#if defined(__CUDACC__)
+// These two also serve the pre-sm90 code of the skinny family (compute_80 PTX): a shared-memory
+// address, and a cluster barrier that only sm_90+ has (a no-op below it, where clusters are 1 CTA).
 __device__ __forceinline__ uint32_t smem_address(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
+
+// All threads of all CTAs in the cluster; orders shared-memory (and barrier) state across them.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+#endif
+
+#ifdef VGA_SM90A_DEVICE
+
 
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrival_count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrival_count));
@@ -83,10 +95,6 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
   return rank;
 }
 
-// All threads of all CTAs in the cluster; orders shared-memory (and barrier) state across them.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

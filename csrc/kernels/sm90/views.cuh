@@ -3,9 +3,7 @@
 // dims do not merge, so one box of a shard's h for consecutive rows is one bulk copy, zero-filled
 // past H and past the rows. W is viewed as (H, R, K) along its rows (K-major, the forward) or as
 // (R*H, K) along its columns (MN-major, grad_x); grad_out as (K, rows) both ways.
-//
-// Glossary (all of csrc/): R shards of width H; K = out_features; "rows" = the flattened batch.
-// A GEMM of the core is M x N over a reduction cut into k-blocks of kBlockK elements.
+// (Names: csrc/kernels/README.md, "Glossary".)
 #pragma once
 
 #include <cstdint>
