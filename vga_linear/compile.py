@@ -119,6 +119,11 @@ def _val(node: Any) -> torch.Tensor | None:
     if not isinstance(node, fx.Node):
         return None
     v = node.meta.get("example_value", node.meta.get("val"))
+    if v is None and node.op == "get_attr" and node.graph.owning_module is not None:
+        try:  # a parameter or constant held by the graph module (real, so only metadata is read)
+            v = operator.attrgetter(node.target)(node.graph.owning_module)
+        except AttributeError:
+            v = None
     return v if isinstance(v, torch.Tensor) else None
 
 
