@@ -29,13 +29,13 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import vga_linear  # noqa: E402
-import vga_linear.compile as vc  # noqa: E402
+import vga_linear
+import vga_linear.compile as vc
 
 
 class OProjCat(nn.Module):

@@ -48,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.fx as fx
+from torch import fx
 
 __all__ = [
     "TESTED_TORCH",
@@ -95,7 +95,7 @@ def supported() -> str | None:
     try:
         import torch._inductor.config as inductor_config
         from torch._inductor.custom_graph_pass import CustomGraphPass  # noqa: F401
-    except Exception as exc:  # pragma: no cover - depends on the torch build
+    except Exception as exc:  # noqa: BLE001  (pragma: no cover - depends on the torch build)
         return f"torch._inductor is unavailable ({type(exc).__name__}: {exc})"
     if not hasattr(inductor_config, "pre_grad_custom_pass"):  # pragma: no cover
         return "torch._inductor.config has no pre_grad_custom_pass"
@@ -104,7 +104,7 @@ def supported() -> str | None:
 
 try:
     from torch._inductor.custom_graph_pass import CustomGraphPass as _PassBase
-except Exception:  # pragma: no cover - torch without Inductor: the pass is a plain callable
+except Exception:  # noqa: BLE001  (pragma: no cover - torch without Inductor: the pass is a plain callable)
 
     class _PassBase:  # type: ignore[no-redef]
         pass
@@ -132,7 +132,7 @@ def _known(cond: Any) -> bool:
 
     try:
         return bool(statically_known_true(cond))
-    except Exception:
+    except Exception:  # noqa: BLE001
         return False
 
 
@@ -151,7 +151,7 @@ def _static_int(v: Any) -> int | None:
             expr = v.node.shape_env.replace(v.node.expr)
             if expr.is_number:
                 return int(expr)
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
     return None
 
@@ -163,7 +163,7 @@ def _aligned(v: Any, itemsize: int) -> bool:
 def _storage_id(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage()._cdata
-    except Exception:
+    except Exception:  # noqa: BLE001
         return None
 
 
@@ -531,7 +531,7 @@ def _fake_mode(graph: fx.Graph):
     vals = [v for n in graph.nodes if (v := _val(n)) is not None]
     try:
         return detect_fake_mode(vals)
-    except Exception:
+    except Exception:  # noqa: BLE001
         return None
 
 
@@ -545,7 +545,7 @@ def _new(graph: fx.Graph, fake_mode, target, args: tuple, like: fx.Node) -> fx.N
             fargs = tuple(_val(a) if isinstance(a, fx.Node) else a for a in args)
             with fake_mode:
                 node.meta["example_value"] = target(*fargs)
-        except Exception:  # metadata only; AOT autograd traces the graph again
+        except Exception:  # noqa: BLE001, S110  (metadata only; AOT autograd traces the graph again)
             pass
     return node
 
@@ -590,7 +590,7 @@ def _autocast_regions(graph: fx.Graph) -> set[fx.Node]:
 def _autocast_active() -> bool:
     try:
         return bool(torch._C._is_any_autocast_enabled())
-    except Exception:  # pragma: no cover
+    except Exception:  # noqa: BLE001  (pragma: no cover)
         return any(torch.is_autocast_enabled(d) for d in ("cuda", "cpu"))
 
 
@@ -615,7 +615,7 @@ def rewrite(graph: fx.Graph, pass_: GatherConcatLinearPass | None = None) -> int
             stats[f"declined: {why}"] += 1
             log.debug("vga_linear.compile: declined %s: %s", node.format_node(), why)
             continue
-        except Exception as exc:  # a graph shape this pass did not foresee: leave it alone
+        except Exception as exc:  # noqa: BLE001  (a graph shape this pass did not foresee: leave it alone)
             stats["declined: internal error"] += 1
             _warn_once(
                 f"internal:{type(exc).__name__}",
@@ -743,8 +743,9 @@ def _usable(warn: bool = True) -> bool:
 
 def enable(**pass_options: Any) -> bool:
     """Install the rewrite as Inductor's pre-grad pass (process-wide, added to any pass already
-    there; pass_options go to :class:`GatherConcatLinearPass`). Graphs compiled afterwards are rewritten; returns False (after one warning) when
-    this torch is outside the tested range."""
+    there; pass_options go to :class:`GatherConcatLinearPass`). Graphs compiled afterwards
+    are rewritten; returns False (after one warning) when this torch is outside the tested
+    range."""
     if not _usable():
         return False
     import torch._inductor.config as inductor_config
@@ -759,7 +760,7 @@ def disable() -> None:
     """Remove the rewrite from Inductor's pre-grad pass (other passes stay)."""
     try:
         import torch._inductor.config as inductor_config
-    except Exception:  # pragma: no cover
+    except Exception:  # noqa: BLE001  (pragma: no cover)
         return
     if hasattr(inductor_config, "pre_grad_custom_pass"):
         inductor_config.pre_grad_custom_pass = _without_ours(inductor_config.pre_grad_custom_pass)
@@ -768,7 +769,7 @@ def disable() -> None:
 def is_enabled() -> bool:
     try:
         import torch._inductor.config as inductor_config
-    except Exception:  # pragma: no cover
+    except Exception:  # noqa: BLE001  (pragma: no cover)
         return False
     return _contains_ours(getattr(inductor_config, "pre_grad_custom_pass", None))
 
