@@ -163,3 +163,30 @@ def test_the_cpu_fast_path_answers_and_refuses_as_the_op_does():
         with pytest.raises(RuntimeError) as fn_error:
             vga_linear.gather_concat_linear(*args)
         assert str(fn_error.value) == str(op_error.value)
+
+
+LAZY_SUBMODULES = """
+import sys
+import torch
+before = {m for m in ("torch._inductor", "torch.distributed.distributed_c10d") if m in sys.modules}
+import vga_linear
+assert "vga_linear.compile" not in sys.modules and "vga_linear.distributed" not in sys.modules
+assert {m for m in ("torch._inductor", "torch.distributed.distributed_c10d") if m in sys.modules} == before
+assert callable(vga_linear.compile.enable) and vga_linear.compile is sys.modules["vga_linear.compile"]
+assert callable(vga_linear.distributed.all_gather_linear)
+try:
+    vga_linear.no_such_thing
+except AttributeError as exc:
+    assert "no_such_thing" in str(exc)
+else:
+    raise AssertionError("no AttributeError")
+print("ok")
+"""
+
+
+def test_compile_and_distributed_are_lazy_attributes():
+    # import vga_linear pulls in neither torch._inductor nor torch.distributed's process groups;
+    # vga_linear.compile / vga_linear.distributed import them on first use.
+    result = _run(LAZY_SUBMODULES)
+    assert result.returncode == 0, result.stderr
+    assert "ok" in result.stdout

@@ -100,11 +100,12 @@ from .ops import gather_concat_linear  # noqa: E402
 
 
 def __getattr__(name):
-    # torch.distributed is imported only by those who use it.
-    if name == "distributed":
+    # Imported only by those who use them: torch.distributed (distributed) and
+    # torch._inductor (compile, the opt-in torch.compile rewrite).
+    if name in ("compile", "distributed"):
         import importlib
 
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'vga_linear' has no attribute {name!r}")
 
 
