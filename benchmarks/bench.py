@@ -371,16 +371,22 @@ def banner_lines(args, device: str, has_cuda: bool, op) -> list:
     lines = []
     meta = H.environment(device)
     if device == "cpu":
-        lines.append("*** CPU FALLBACK: no CUDA device" + ("" if not has_cuda else " (--device cpu)") +
-                     " - running the CPU path; times are host perf_counter figures, not GPU numbers."
-                     f" (torch threads {meta['torch_threads']}, {meta['cpu_count']} CPUs) ***")
+        lines.append("*** CPU FALLBACK: " + ("--device cpu" if has_cuda else "no CUDA device") +
+                     " - the CUDA kernels are not in use: every row runs torch's CPU kernels; times are host"
+                     f" perf_counter figures, not GPU numbers. (torch threads {meta['torch_threads']},"
+                     f" {meta['cpu_count']} CPUs) ***")
         load1, ncpu = meta["loadavg_1min"], meta["cpu_count"]
         if load1 is not None and load1 > 0.75 * ncpu:
             lines.append(f"*** warning: load average {load1:.1f} on {ncpu} CPUs - other work is running; "
                          "CPU timings will be noisy ***")
     lines.append(f"vga-linear bench {BENCH_VERSION}  device: {meta['device_name']}  torch {torch.__version__}"
                  f" (cuda {torch.version.cuda})  triton {meta['triton']}  python {meta['python']}")
-    if op.available:
+    if op.available and device == "cpu":
+        why = ("built and loaded, but these are CPU tensors" if op.kernels_loaded
+               else f"not loaded: {op.error or 'kernels_loaded() is False'}")
+        lines.append(f"op: vga_linear.gather_concat_linear, CPU path (the shards moved into one (*batch, R*H) copy, "
+                     f"then F.linear)  vga_linear {op.version}  ({op.path}); CUDA kernels {why}")
+    elif op.available:
         lines.append(f"op: vga_linear.gather_concat_linear (torch.ops.vga.gather_concat_linear below autograd when no grad is needed)  vga_linear {op.version}  "
                      f"kernels_loaded={op.kernels_loaded}  ({op.path})")
         if device == "cuda" and not op.kernels_loaded:
@@ -452,7 +458,7 @@ def main(argv=None) -> int:
     c = ctx.ceilings
     print(f"ceilings (measured now): copy {c['copy_GBps']:.0f} GB/s (read+write of {c['copy_bytes'] / 1e9:.2f} GB); "
           + ", ".join(f"{k} GEMM {M.fmt_sig(v)} TFLOP/s (N={c['gemm_n'][k]})" for k, v in c["gemm_tflops"].items()))
-    print(report.LEGEND, flush=True)
+    print(report.legend(cpu_fallback), flush=True)
 
     meta = {"bench_version": BENCH_VERSION, **H.environment(device, op, argv),
             "allow_tf32": bool(args.allow_tf32), "compile": ctx.compile,
@@ -475,7 +481,7 @@ def main(argv=None) -> int:
                                      "shape": s.to_dict(), "error": H.short_err(e), "rows": []})
             continue
         result["blocks"].append(blk)
-        print("\n" + report.render_block(blk), flush=True)
+        print("\n" + report.render_block(blk, cpu_fallback), flush=True)
         v = next((r for r in blk["rows"] if r["name"] == "vga"), {})
         vt = (v.get("time") or {}).get("median")
         msg = f"{tag} done in {blk['elapsed_s']:.1f}s"
@@ -486,7 +492,7 @@ def main(argv=None) -> int:
         report.write_outputs(args, result)
 
     good = [b for b in result["blocks"] if not b.get("error")]
-    print("\n" + "\n".join(report.summary_lines(good)))
+    print("\n" + "\n".join(report.summary_lines(good, cpu_fallback)))
     failed = [(b["name"], r["label"]) for b in good for r in b["rows"]
               if r.get("precision") and not r["precision"]["passed"]]
     errored = [(b["name"], r["label"]) for b in good for r in b["rows"] if r.get("error")]

@@ -25,6 +25,26 @@ columns: med/mean/std/min_us = CUDA-event time per call, L2 flushed before each 
   peakMB = peak device memory of one call above the inputs; mem_x = peakMB / reference's;
   launch = GPU kernels + memcpy/memset per call (torch.profiler); fusion = reference launches / row's."""
 
+# On the CPU there is no CUDA-graph replay, device memory or kernel-launch figure: those
+# columns are left out, and x_comp too unless --compile gave the compile row a time.
+CUDA_ONLY_COLS = ("graph_us", "peakMB", "mem_x", "launch", "fusion")
+
+CPU_LEGEND = """\
+columns (CPU): med/mean/std/min_us = time.perf_counter per call (host time, no cache flush);
+  wall_us = N back-to-back calls / N; TFLOP/s = 2*B*K*R*H / median (x3 fwd+bwd); GB/s = (x + W +
+  bias + y) bytes once / median; %roof = roofline floor / median, floor = max(flops / CPU GEMM
+  ceiling of the dtype, bytes / CPU copy bandwidth), ceilings measured in this run; x_<row> = that
+  row's median / this row's median (>1: this row is faster); max_rel = max |out-ref64| / (|ref64| + 1)
+  over all trials (fwd+bwd: over y and all grads); ok = allclose(atol=rtol=tol) on every trial.
+rows (CPU): vga(cpu) = the op's CPU path (the shards moved into one (*batch, R*H) copy, then F.linear);
+  reference = cat + F.linear; permute = permute + reshape + F.linear; gemm_only = F.linear on an
+  input concatenated beforehand (torch's CPU GEMM, the copy not timed); compile = torch.compile of the
+  reference (--compile only)."""
+
+
+def legend(cpu: bool = False) -> str:
+    return CPU_LEGEND if cpu else LEGEND
+
 
 def fmt_launch(v):
     if v is None:
@@ -52,31 +72,44 @@ def row_cells(d: dict) -> list:
     ]
 
 
-def fmt_line(cells) -> str:
+def fmt_line(cells, keep=None) -> str:
     parts = []
     for (h, w), c in zip(COLS, cells):
+        if keep is not None and h not in keep:
+            continue
         c = str(c)
         parts.append(c.ljust(w) if h == "row" else c.rjust(w))
     return " ".join(parts).rstrip()
 
 
-def render_block(blk: dict) -> str:
+def cpu_columns(rows_cells: list) -> set:
+    """The columns worth a place in a CPU table: none of the CUDA-only ones, none that is '-'
+    on every row."""
+    return {h for i, (h, _) in enumerate(COLS)
+            if h not in CUDA_ONLY_COLS and (h == "row" or any(c[i] != "-" for c in rows_cells))}
+
+
+def render_block(blk: dict, cpu: bool = False) -> str:
     sh = blk["shape"]
     lines = []
-    regime = f"  [{sh['regime']}]" if sh.get("regime") else ""
+    # A GPU regime (launch-bound, HBM, tensor-core) says nothing about a CPU run.
+    gpu_regime = sh.get("regime") in ("launch-bound", "weight-streaming (HBM)", "tensor-core")
+    regime = f"  [{sh['regime']}]" if sh.get("regime") and not (cpu and gpu_regime) else ""
     lines.append(f"== {blk['name']} ({blk['mode']})  {M.Shape(**{k: sh[k] for k in ('name', 'R', 'batch', 'H', 'K', 'dtype', 'bias', 'strided')}).describe()}{regime}")
     floor = M.fmt_us(blk["floor_us"]) if blk["floor_us"] else "-"
     lines.append(f"   flops {M.fmt_flops(blk['flops'])}  bytes {M.fmt_bytes(blk['bytes'])}  "
                  f"roofline floor {floor} us ({blk['bound']}-bound; GEMM {M.fmt_sig(blk['peak_tflops'])} TFLOP/s "
                  f"{sh['dtype']}, copy {blk['copy_GBps']:.0f} GB/s)  tol {blk['tol']:g}"
                  + (f" (fp32 matmul '{blk.get('fp32_precision')}')" if sh["dtype"] == "fp32" else ""))
-    lines.append(fmt_line([h for h, _ in COLS]))
+    shown = [d for d in blk["rows"] if not d.get("skip")]
+    keep = cpu_columns([row_cells(d) for d in shown]) if cpu else None
+    lines.append(fmt_line([h for h, _ in COLS], keep))
     notes = []
     for d in blk["rows"]:
         if d.get("skip"):
             notes.append(f"   {d['label']}: skipped - {d['skip']}")
             continue
-        lines.append(fmt_line(row_cells(d)))
+        lines.append(fmt_line(row_cells(d), keep))
         if d.get("error"):
             notes.append(f"   {d['label']}: ERROR - {d['error']}")
         for k in ("graph_error", "wall_error", "mem_error", "launch_error"):
@@ -87,32 +120,57 @@ def render_block(blk: dict) -> str:
     return "\n".join(lines + notes)
 
 
-def summary_lines(blocks: list) -> list:
-    out = ["== summary (vga row; x_gemm > 1 means faster than cuBLAS on a pre-concatenated input)",
-           f"{'shape':<20} {'mode':<7} {'vga_us':>9} {'graph_us':>9} {'ref_us':>9} {'gemm_us':>9} "
-           f"{'x_ref':>6} {'x_perm':>6} {'x_gemm':>6} {'x_comp':>6} {'%roof':>6} {'max_rel':>8} {'ok':>4} {'fusion':>6}"]
-    for b in blocks:
-        rows = {r["name"]: r for r in b["rows"]}
-        v = rows.get("vga") or {}
-        sp = v.get("speedup") or {}
-        p = v.get("precision")
+def summary_lines(blocks: list, cpu: bool = False) -> list:
+    """The summary and the ratio tables. cpu: leave out the CUDA-only columns (graph replay,
+    fusion) and the compile column where no compile row ran; name the CPU GEMM."""
+    def compile_med(b):
+        return next((((r.get("time") or {}).get("median")) for r in b["rows"] if r["name"] == "compile"), None)
+    with_compile = not cpu or any(compile_med(b) is not None for b in blocks)
+    drop = ({"graph_us", "fusion"} if cpu else set()) | (set() if with_compile else {"x_comp", "/compile"})
+    baseline = ("F.linear (torch's CPU GEMM) on a pre-concatenated input; CUDA kernels not in use"
+                if cpu else "cuBLAS on a pre-concatenated input")
 
-        def med(n):
-            return ((rows.get(n) or {}).get("time") or {}).get("median")
-        out.append(f"{b['name'][:20]:<20} {b['mode']:<7} {M.fmt_us(med('vga')):>9} "
-                   f"{M.fmt_us((v.get('graph') or {}).get('median')):>9} {M.fmt_us(med('reference')):>9} "
-                   f"{M.fmt_us(med('gemm_only')):>9} {M.fmt_x(sp.get('reference')):>6} {M.fmt_x(sp.get('permute')):>6} "
-                   f"{M.fmt_x(sp.get('gemm_only')):>6} {M.fmt_x(sp.get('compile')):>6} "
-                   f"{M.fmt_num(v.get('pct_roofline')):>6} {M.fmt_sci(p['max_rel']) if p else '-':>8} "
-                   f"{('pass' if p['passed'] else 'FAIL') if p else '-':>4} {M.fmt_x(v.get('fusion_ratio')):>6}")
+    def line(cells):  # (header, width, text, left-aligned)
+        return " ".join(f"{t:<{w}}" if left else f"{t:>{w}}" for h, w, t, left in cells if h not in drop)
+
+    def summary_cells(b, head=False):
+        if head:
+            vals = dict.fromkeys(("shape", "mode", "vga_us", "graph_us", "ref_us", "gemm_us", "x_ref", "x_perm",
+                                  "x_gemm", "x_comp", "%roof", "max_rel", "ok", "fusion"))
+            vals = {k: k for k in vals}
+        else:
+            rows = {r["name"]: r for r in b["rows"]}
+            v = rows.get("vga") or {}
+            sp = v.get("speedup") or {}
+            p = v.get("precision")
+
+            def med(n):
+                return ((rows.get(n) or {}).get("time") or {}).get("median")
+            vals = {"shape": b["name"][:20], "mode": b["mode"], "vga_us": M.fmt_us(med("vga")),
+                    "graph_us": M.fmt_us((v.get("graph") or {}).get("median")), "ref_us": M.fmt_us(med("reference")),
+                    "gemm_us": M.fmt_us(med("gemm_only")), "x_ref": M.fmt_x(sp.get("reference")),
+                    "x_perm": M.fmt_x(sp.get("permute")), "x_gemm": M.fmt_x(sp.get("gemm_only")),
+                    "x_comp": M.fmt_x(sp.get("compile")), "%roof": M.fmt_num(v.get("pct_roofline")),
+                    "max_rel": M.fmt_sci(p["max_rel"]) if p else "-",
+                    "ok": ("pass" if p["passed"] else "FAIL") if p else "-", "fusion": M.fmt_x(v.get("fusion_ratio"))}
+        widths = {"shape": 20, "mode": 7, "vga_us": 9, "graph_us": 9, "ref_us": 9, "gemm_us": 9, "x_ref": 6,
+                  "x_perm": 6, "x_gemm": 6, "x_comp": 6, "%roof": 6, "max_rel": 8, "ok": 4, "fusion": 6}
+        return [(h, widths[h], vals[h], h in ("shape", "mode")) for h in widths]
+
+    out = [f"== summary (vga row; x_gemm > 1 means faster than {baseline})", line(summary_cells(None, head=True))]
+    out += [line(summary_cells(b)) for b in blocks]
     out += ["", "== ratios: vga time / row time (< 1: vga faster; the form the issues' targets take)",
-            f"{'shape':<20} {'mode':<7} {'vga_us':>9} {'/gemm_only':>10} {'/permute':>9} {'/reference':>10} {'/compile':>9}"]
+            line([("shape", 20, "shape", True), ("mode", 7, "mode", True), ("vga_us", 9, "vga_us", False),
+                  ("/gemm_only", 10, "/gemm_only", False), ("/permute", 9, "/permute", False),
+                  ("/reference", 10, "/reference", False), ("/compile", 9, "/compile", False)])]
     for b in blocks:
         rows = {r["name"]: r for r in b["rows"]}
         t = {n: ((rows.get(n) or {}).get("time") or {}).get("median") for n in ROW_ORDER}
         cells = [M.fmt_x(M.ratio(t["vga"], t[n])) for n in ("gemm_only", "permute", "reference", "compile")]
-        out.append(f"{b['name'][:20]:<20} {b['mode']:<7} {M.fmt_us(t['vga']):>9} {cells[0]:>10} {cells[1]:>9} "
-                   f"{cells[2]:>10} {cells[3]:>9}")
+        out.append(line([("shape", 20, b["name"][:20], True), ("mode", 7, b["mode"], True),
+                         ("vga_us", 9, M.fmt_us(t["vga"]), False), ("/gemm_only", 10, cells[0], False),
+                         ("/permute", 9, cells[1], False), ("/reference", 10, cells[2], False),
+                         ("/compile", 9, cells[3], False)]))
     # strided vs contiguous of the same problem
     for b in blocks:
         s = b["shape"]
