@@ -126,8 +126,9 @@ Tensor empty_cuda_like(const Tensor& like, const std::array<int64_t, N>& sizes, 
   return empty_strided_cuda_like(like, sizes, strides, ndim, device_index);
 }
 
-// "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n128,
-// n256) and reduction split (s<count>), so tests and benchmarks reach every configuration.
+// "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n64, n128,
+// n256) and reduction split, across the grid (s<count>) or in the cluster (c2, c4, c8), so
+// tests and benchmarks reach every configuration.
 inline ForcedConfig parse_forced_config(const std::string& options, const std::string& spec, const char* op) {
   ForcedConfig forced;
   size_t start = 0;
@@ -138,16 +139,20 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
     int value = 0;
     const bool numeric = option.size() > 1 && option.find_first_not_of("0123456789", 1) == std::string::npos;
     if (numeric) value = std::stoi(option.substr(1));
-    if (numeric && option[0] == 'n' && (value == 128 || value == 256)) {
+    if (numeric && option[0] == 'n' && (value == 64 || value == 128 || value == 256)) {
       forced.block_n = value;
     } else if (numeric && option[0] == 's' && value >= 1 && value <= 64) {
       forced.splits = value;
+    } else if (numeric && option[0] == 'c' && (value == 2 || value == 4 || value == 8)) {
+      forced.cluster_splits = value;
     } else {
       STD_TORCH_CHECK(false, op, ": bad configuration '", option, "' in '", spec,
-                      "'; expected n128, n256 or s<1..64>");
+                      "'; expected n64, n128, n256, s<1..64> or c2, c4, c8");
     }
     start = end + 1;
   }
+  STD_TORCH_CHECK(forced.splits == 0 || forced.cluster_splits == 0, op, ": '", spec,
+                  "' asks for both a split across the grid (s) and one in the cluster (c)");
   return forced;
 }
 

@@ -1,13 +1,15 @@
 """A small workload touching every CUDA kernel path, for compute-sanitizer.
 
-    compute-sanitizer --error-exitcode 1 --tool memcheck  python tools/sanitizer_workload.py [FAMILY ...]
-    compute-sanitizer --error-exitcode 1 --tool racecheck python tools/sanitizer_workload.py [FAMILY ...]
+    compute-sanitizer --error-exitcode 1 --tool memcheck  python tools/sanitizer_workload.py [FAMILY[/CONFIG] ...]
+    compute-sanitizer --error-exitcode 1 --tool racecheck python tools/sanitizer_workload.py --quick [FAMILY[/CONFIG] ...]
 
-Each kernel family (or only those named) is forced on shapes with tails in every dimension,
-with and without bias, then the two backward ops run; every result is checked against the
-float64 reference, so a clean sanitizer report comes with a correct answer. The last shapes
-give sm90_gemm more tiles than there are SMs (each CTA reuses its shared-memory state) and
-the skinny families a split-K cluster.
+Each kernel family (or only those named, with a forced GEMM-core configuration such as
+sm90_gemm/n128/c8) is forced on shapes with tails in every dimension, with and without bias,
+for the forward and, where the family has them, the grad_x and grad_weight products; then the
+autograd backward runs. Every result is checked against the float64 reference, so a clean
+sanitizer report comes with a correct answer. The last shapes give sm90_gemm more tiles than
+there are SMs (each CTA reuses its shared-memory state) and the skinny families a split-K cluster.
+--quick (racecheck is ~100x slower than memcheck): the first four shapes, bf16 and fp32 only.
 """
 
 import sys
@@ -24,29 +26,54 @@ SHAPES = [(1, 5, 8, 3), (3, 17, 24, 65), (4, 130, 136, 200), (2, 64, 1024, 130),
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def _forced(op, *args):
+    """The forced family's result, or None where it refuses the input or has no such op."""
+    try:
+        return op(*args)
+    except RuntimeError as exc:
+        if "refuses" in str(exc) or "unknown kernel family" in str(exc):
+            return None
+        raise
+
+
+def _check_backward(g, x, w, family):
+    R = x.shape[0]
+    grad_cat = g.double() @ w.double()
+    ref_x = grad_cat.unflatten(-1, (R, x.shape[-1])).movedim(-2, 0)
+    ref_w = g.double().flatten(0, -2).mT @ torch.cat(x.double().unbind(0), -1).flatten(0, -2)
+    for got, ref in ((_forced(torch.ops.vga._gather_concat_linear_grad_x_family, g, w, R, family), ref_x),
+                     (_forced(torch.ops.vga._gather_concat_linear_grad_weight_family, g, x, family), ref_w)):
+        if got is not None:
+            scale = max(ref.abs().max().item(), 1e-6)
+            assert (got.double() - ref).abs().max().item() <= 4 * TOLERANCE[g.dtype] * scale, family
+
+
 def main(argv):
+    quick = "--quick" in argv
+    argv = [name for name in argv if name != "--quick"]
+    shapes, dtypes = (SHAPES[:4], (torch.float32, torch.bfloat16)) if quick else (SHAPES, DTYPES)
     if not vga_linear.kernels_loaded():
         sys.exit(f"the CUDA kernels are not loaded: {vga_linear.kernels_not_loaded_reason()}")
-    unknown = sorted(set(argv) - set(FAMILIES))
+    unknown = sorted({name for name in argv if name.split("/")[0] not in FAMILIES})
     if unknown:
         sys.exit(f"unknown kernel families {unknown}; known: {list(FAMILIES)}")
     families = argv or FAMILIES
     ran = {}
-    for dtype in DTYPES:
-        for (R, B, H, K), with_bias in [(shape, with_bias) for shape in SHAPES for with_bias in (True, False)]:
+    for dtype in dtypes:
+        for (R, B, H, K), with_bias in [(shape, with_bias) for shape in shapes for with_bias in (True, False)]:
             x = torch.randn(B, R, H, dtype=dtype, device="cuda").transpose(0, 1)
             w = torch.randn(K, R * H, dtype=dtype, device="cuda") / (R * H) ** 0.5
             b = torch.randn(K, dtype=dtype, device="cuda") if with_bias else None
             ref = gather_concat_linear_float64(x, w, b)
+            g = torch.randn(*x.shape[1:-1], K, dtype=dtype, device="cuda")
             for family in families:
-                try:
-                    out = torch.ops.vga._gather_concat_linear_family(x, w, b, family)
-                except RuntimeError as exc:
-                    if "refuses" in str(exc) or "unknown kernel family" in str(exc):
-                        continue
-                    raise
+                out = _forced(torch.ops.vga._gather_concat_linear_family, x, w, b, family)
+                if out is None:
+                    continue
                 torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
                 ran[family] = ran.get(family, 0) + 1
+                if with_bias:  # the backward products have no bias: once a shape
+                    _check_backward(g, x, w, family)
             x.requires_grad_()
             w.requires_grad_()
             vga_linear.gather_concat_linear(x, w, b).sum().backward()

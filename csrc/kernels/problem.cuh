@@ -36,11 +36,12 @@ struct WorkspaceRequest {
   void* get(int64_t bytes) const { return allocate(context, bytes); }
 };
 
-// A tile configuration forced by family name (tests, benchmarks: "sm90_gemm/n128/s4");
-// 0 = the dispatcher's rule.
+// A tile configuration forced by family name (tests, benchmarks: "sm90_gemm/n128/s4",
+// "sm90_gemm/n256/c4"); 0 = the dispatcher's rule.
 struct ForcedConfig {
-  int block_n = 0;
-  int splits = 0;
+  int block_n = 0;         // n128, n256: the tile width
+  int splits = 0;          // s<1..64>: the reduction split across the grid (fp32 workspace + a second launch)
+  int cluster_splits = 0;  // c<2|4|8>: the reduction split over the CTAs of a cluster (DSMEM sum)
 };
 
 struct ForwardProblem {

@@ -2,9 +2,9 @@
 // there are more rows than the skinny families take: the GEMM core (sm90/gemm.cuh) as kForward.
 // A is x through its (H, rows, R) / (H, inner, outer, R) TMA view, B is W through (H, R, K),
 // both K-major; the k-block (r, h0) of a tile is one bulk copy each, zero-filled past H, so the
-// concat is never materialised. Tile width and reduction split come from the core's plan
-// (sm90/schedule.cuh): 128 x 256 tiles where they fill the GPU, 128 x 128 and split-K where
-// they would leave SMs idle (100-1024 rows, small K).
+// concat is never materialised. Tile width (64, 128 or 256) and reduction split (none, across the
+// grid, or in a cluster) come from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they
+// fill the GPU, narrower tiles and splits where they would leave SMs idle (100-1024 rows, small K).
 #pragma once
 
 #include "problem.cuh"
@@ -21,7 +21,7 @@ inline const char* sm90_gemm_refusal(const ForwardProblem& p) {
   const int64_t m_tiles = rows.outer * ceil_div(rows.inner, kBlockM);
   if (rows.four_d && m_tiles * kBlockM > 2 * p.rows())
     return "two unmergeable batch dims with the inner one too short for 128-row tiles";
-  if ((m_tiles + kClusterM) * ceil_div(p.out_features, 128) * 16 > kMaxCoordinate) return "too many output tiles";
+  if ((m_tiles + kClusterM) * ceil_div(p.out_features, 64) * 16 > kMaxCoordinate) return "too many output tiles";
   if (ceil_div(p.shard_width, kBlockK) * p.num_shards > kMaxCoordinate) return "reduction too long";
   if (p.rows() * p.out_features * 16 * 4 > (int64_t(1) << 40)) return "output too large for split partial sums";
   return nullptr;

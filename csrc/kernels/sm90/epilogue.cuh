@@ -1,9 +1,12 @@
 // Epilogues of the GEMM core: a consumer warpgroup's 64 x kBlockN fp32 accumulators go to
 //  * the output as Element (+ bias, forward only), 16-byte stores of 8 columns a lane after a
 //    quad transpose wherever a 32-column strip lies inside the output, element stores at tails;
-//  * or, for a split reduction, to this split's fp32 slice of the partial sums; then
-//    reduce_partials adds the slices in split order (+ bias) into the output: a fixed order,
-//    so the result is the same bits on every run.
+//  * or, for a split across the grid, to this split's fp32 slice of the partial sums; then
+//    reduce_partials adds the slices in split order (+ bias) into the output;
+//  * or, for a split in the cluster, to this CTA's shared memory as an fp32 partial tile; then
+//    CTA q of the S in the cluster adds rows [q * 128 / S, (q + 1) * 128 / S) of the S partial
+//    tiles in slice order through distributed shared memory (+ bias) and stores them.
+// The slices are added in a fixed order either way, so the result is the same bits on every run.
 // Output addresses: row m = outer * m_inner + inner, column = n_group * n_group_width + n, both
 // from schedule.cuh's TileCoord; `out_ld` elements between rows.
 #pragma once
@@ -20,6 +23,15 @@
 
 namespace vga {
 namespace sm90 {
+
+// The in-cluster split's partial tile: fp32 [kBlockM][kLd], in the stage ring's memory
+// (free once the tile's last k-block is consumed: a cluster walks one tile). The row pitch's 8
+// extra floats put the 8 rows a store instruction writes in different banks.
+template <int kBlockN>
+struct PartialTile {
+  static constexpr int kLd = kBlockN + 8;
+  static constexpr int kBytes = kBlockM * kLd * 4;
+};
 
 #ifdef VGA_SM90A_DEVICE
 
@@ -127,6 +139,96 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
         }
       }
     }
+  }
+}
+
+// Writes a consumer warpgroup's 64 x kBlockN accumulators (zeros unless `accumulated`) into rows
+// 64 * consumer .. + 63.
+template <int kBlockN>
+__device__ __forceinline__ void stage_partial_tile(const float (&acc)[kBlockN / 2], bool accumulated, float* partial,
+                                                   int consumer, int thread_in_wg) {
+  constexpr int kLd = PartialTile<kBlockN>::kLd;
+  const int warp = thread_in_wg / 32;
+  const int lane = thread_in_wg % 32;
+  const int row = consumer * 64 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    const int column = j * 8 + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      *reinterpret_cast<float2*>(partial + (row + 8 * half) * kLd + column) =
+          accumulated ? make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]) : make_float2(0.f, 0.f);
+    }
+  }
+}
+
+// CTA `rank` of the kSlices in the cluster: its rows of the tile, summed over the slices' partial
+// tiles in slice order, + bias, stored as Element (16-byte stores of 8 columns where the row
+// allows). `thread` counts the consumer threads (kConsumerThreads of them); every partial tile
+// must be complete (a cluster barrier) before, and stay until every CTA is done (another one).
+template <typename Element, int kBlockN, int kSlices, int kConsumerThreads>
+__device__ __forceinline__ void sum_slices(const float* partial, const float* tile_bias, const CoreArgs& a,
+                                           const TileCoord& c, int rank, int thread) {
+  constexpr int kLd = PartialTile<kBlockN>::kLd;
+  constexpr int kRows = kBlockM / kSlices;
+  constexpr int kChunksPerRow = kBlockN / 8;
+  const int64_t column0 = static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0;
+  const int columns_left = a.n_group_width - c.n0;
+  Element* out = static_cast<Element*>(a.out) + column0;
+  const uint32_t partial_base = smem_address(partial);
+  for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += kConsumerThreads) {
+    const int row = rank * kRows + chunk / kChunksPerRow;
+    const int column = (chunk % kChunksPerRow) * 8;
+    const int inner = c.inner0 + row;
+    if (inner >= a.m_inner || column >= columns_left) continue;
+    const uint32_t local = partial_base + static_cast<uint32_t>((row * kLd + column) * 4);
+    float4 lo[kSlices], hi[kSlices];
+#pragma unroll
+    for (int q = 0; q < kSlices; ++q) {  // all loads first: one DSMEM round trip, not kSlices
+      lo[q] = load_cluster_float4(local, q);
+      hi[q] = load_cluster_float4(local + 16, q);
+    }
+    float v[8] = {tile_bias[column], tile_bias[column + 1], tile_bias[column + 2], tile_bias[column + 3],
+                  tile_bias[column + 4], tile_bias[column + 5], tile_bias[column + 6], tile_bias[column + 7]};
+    float sum[8] = {lo[0].x, lo[0].y, lo[0].z, lo[0].w, hi[0].x, hi[0].y, hi[0].z, hi[0].w};
+#pragma unroll
+    for (int q = 1; q < kSlices; ++q) {
+      sum[0] += lo[q].x;
+      sum[1] += lo[q].y;
+      sum[2] += lo[q].z;
+      sum[3] += lo[q].w;
+      sum[4] += hi[q].x;
+      sum[5] += hi[q].y;
+      sum[6] += hi[q].z;
+      sum[7] += hi[q].w;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] += sum[e];
+    Element* dst = out + (static_cast<int64_t>(c.outer) * a.m_inner + inner) * a.out_ld + column;
+    if (a.vector_store && column + 8 <= columns_left) {
+      store_global_16_bytes(dst, pack_pair<Element>(v[0], v[1]), pack_pair<Element>(v[2], v[3]),
+                            pack_pair<Element>(v[4], v[5]), pack_pair<Element>(v[6], v[7]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (column + e < columns_left) dst[e] = from_acc<Element>(v[e]);
+      }
+    }
+  }
+}
+
+// The same for the cluster's size (2, 4 or 8 slices); `tile_bias` is the tile's bias (zeros but
+// for the forward).
+template <typename Element, int kBlockN, int kConsumerThreads>
+__device__ __forceinline__ void sum_cluster_tile(const float* partial, const float* tile_bias, const CoreArgs& a,
+                                                 const TileCoord& c, uint32_t cta_rank, int thread) {
+  const int rank = static_cast<int>(cta_rank);
+  if (a.cluster_size == 2) {
+    sum_slices<Element, kBlockN, 2, kConsumerThreads>(partial, tile_bias, a, c, rank, thread);
+  } else if (a.cluster_size == 4) {
+    sum_slices<Element, kBlockN, 4, kConsumerThreads>(partial, tile_bias, a, c, rank, thread);
+  } else {
+    sum_slices<Element, kBlockN, 8, kConsumerThreads>(partial, tile_bias, a, c, rank, thread);
   }
 }
 

@@ -8,14 +8,19 @@
 //   kGradWeight   K x R*H, over rows      grad_out, MN-major: (K, rows) x, MN-major: (H, rows, R)
 //
 // Tiling: 128 x kBlockN output tiles (kBlockN = 256: highest operand reuse that fits the
-// registers; 128: twice the tiles, for shapes whose 256-wide tiles leave SMs idle), k-blocks of
-// 64 elements (one 128-byte swizzle row). Warpgroup 0 is the producer (one thread issues TMA),
-// warpgroups 1-2 each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators
-// a thread). As many stages as fit in 227 KB (4 at 256, 7 at 128) form a full/empty mbarrier
-// ring. CTAs run in clusters of 2 along M: both tiles of a cluster use the same B panel, each CTA
-// loads half of it and multicasts it to both (L2 -> SM traffic per tile 48 -> 32 KB a k-block at
-// 256, where the unshared panel would need ~9 TB/s of L2 bandwidth). The tile walk and the split
-// of the reduction are schedule.cuh's; the stores are epilogue.cuh's.
+// registers, for outputs with waves of tiles; 128 and 64: two and four times the tiles, for the
+// outputs whose wider tiles leave SMs idle: 100-1024 rows, K or R*H <= ~1500, as cuBLAS picks its
+// 128 x 64 tiles there), k-blocks of 64 elements (one 128-byte swizzle row). Warpgroup 0 is the
+// producer (one thread issues TMA), warpgroups 1-2 each own 64 rows of the tile (one m64nNk16
+// wgmma chain, N / 2 fp32 accumulators a thread). As many stages as fit in 227 KB (4 at 256, 7 at
+// 128, 8 at 64) form a full/empty mbarrier ring. CTAs run in clusters of 2: along M, both tiles of
+// a cluster use the same B panel, each CTA loads half of it and multicasts it to both (L2 -> SM
+// traffic per tile 48 -> 32 KB a k-block at 256, where the unshared panel would need ~9 TB/s of
+// L2 bandwidth); along N (one or an odd number of row tiles, and always at 64 wide, where A is the
+// larger tile and an MN-major B is a single box) they share the A panel the same way. Or, for
+// few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction and add it up in
+// distributed shared memory. The tile walk and the split of the reduction are schedule.cuh's; the
+// stores are epilogue.cuh's.
 #pragma once
 
 #include <algorithm>
@@ -50,8 +55,9 @@ struct TileShape {
       std::min(8, (kSharedBudget - kSwizzleAlignment - 16 * int(sizeof(uint64_t)) - kBiasBytes) / kStageBytes);
   static constexpr int kSharedBytes =
       kSwizzleAlignment + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t)) + kBiasBytes;
-  static_assert(kBlockN == 128 || kBlockN == 256, "wgmma N of the core");
+  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "wgmma N of the core");
   static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
+  static_assert(PartialTile<kBlockN>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
 };
 
 template <GemmKind kKind>
@@ -86,7 +92,7 @@ __device__ __forceinline__ void copy_4d(bool multicast, void* dst, const CUtenso
 // A is two 64-row (or, MN-major, 64-column) boxes of 8 KB; B is two K-major halves (the
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
 // between its CTAs, each multicasting its part; the other one each CTA loads whole for itself.
-template <GemmKind kKind, int kBlockN>
+template <GemmKind kKind, int kBlockN, bool kInCluster>
 __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const CUtensorMap* a_map,
                                            const CUtensorMap* b_map, uint64_t* bar, const TileCoord& c, int kb,
                                            uint32_t cta_rank, const CoreArgs& args) {
@@ -135,19 +141,38 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
       copy_4d(multicast, dst, b_map, bar, column, row0, outer, b_shard);
     }
   };
-  if (share_a) {
+  if constexpr (kInCluster) {  // the cluster's CTAs share no operand
+    load_a(0, false);
+    load_a(1, false);
+#pragma unroll
+    for (int part = 0; part < kBParts; ++part) load_b(part, false);
+  } else if (share_a) {
     load_a(rank, true);
     if (c.exists) {
 #pragma unroll
       for (int part = 0; part < kBParts; ++part) load_b(part, false);
     }
-  } else {
+  } else if constexpr (kBParts >= kClusterM) {
     if (c.exists) {
       load_a(0, false);
       load_a(1, false);
     }
 #pragma unroll
     for (int i = 0; i < kBParts / kClusterM; ++i) load_b(rank * (kBParts / kClusterM) + i, true);
+  } else {
+    __trap();  // one MN-major box is not split between the pair: such tiles pair columns (schedule.cuh)
+  }
+}
+
+// Hands a consumed stage back to the producers that fill it: both CTAs' of a pair (the peer
+// writes its part of the shared panel into this CTA's stage), or this CTA's alone.
+template <bool kInCluster>
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
+  if constexpr (kInCluster) {
+    mbarrier_arrive(empty);
+  } else {
+#pragma unroll
+    for (uint32_t peer = 0; peer < kClusterM; ++peer) mbarrier_arrive_cluster(empty, peer);
   }
 }
 
@@ -179,8 +204,13 @@ __host__ __device__ constexpr uint64_t descriptor_step() {
 
 // One stage ring, one persistent walk: the producer runs ahead into the next tile while the
 // consumers run the epilogue. A stage's empty barrier collects the consumer warps of both CTAs of
-// the cluster, because the peer's producer writes part of the B panel into this CTA's stage.
-template <GemmKind kKind, typename Element, int kBlockN>
+// the cluster, because the peer's producer writes part of the shared panel into this CTA's stage
+// (with the split in the cluster, nothing is shared: this CTA's consumer warps only). With the
+// split in the cluster the grid has one cluster per tile, so after the tile's last k-block the
+// ring's memory holds the CTA's partial tile for the cluster's sum. The split in the cluster is a
+// separate instantiation (kInCluster): compiled into the paired kernel as runtime branches it cost
+// that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows; run 27's A/B).
+template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     core_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                      const CoreArgs args) {
@@ -198,12 +228,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const uint32_t cta_rank = cluster_cta_rank();
-  const int cluster_id = blockIdx.x / kClusterM;
-  const int num_clusters = gridDim.x / kClusterM;
+  const int cluster_size = kInCluster ? args.cluster_size : kClusterM;
+  const int cluster_id = blockIdx.x / cluster_size;
+  const int num_clusters = gridDim.x / cluster_size;
+  constexpr uint32_t releasing_ctas = kInCluster ? 1 : kClusterM;  // CTAs whose consumers free a stage
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], kClusterM * kConsumerWarpgroups * 4);  // every consumer warp of the cluster
+      mbarrier_init(&empty[s], releasing_ctas * kConsumerWarpgroups * 4);  // every such consumer warp
     }
     fence_barrier_init();
     prefetch_tensor_map(&a_map);
@@ -217,16 +249,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       int stage = 0;
       uint32_t phase = 0;
       for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
-        const TileCoord c = tile_coord<kBlockN>(tile, cta_rank, args);
+        const TileCoord c = tile_coord<kBlockN, kInCluster>(tile, cta_rank, args);
         // A CTA receives the whole shared operand (its own part and its peer's) and, if its tile
         // exists, its own copy of the other one.
         const uint32_t stage_bytes =
-            args.cluster_along_n ? Tile::kATileBytes + (c.exists ? Tile::kBTileBytes : 0)
-                                 : (c.exists ? Tile::kATileBytes : 0) + Tile::kBTileBytes;
+            kInCluster ? Tile::kStageBytes
+            : args.cluster_along_n ? Tile::kATileBytes + (c.exists ? Tile::kBTileBytes : 0)
+                                   : (c.exists ? Tile::kATileBytes : 0) + Tile::kBTileBytes;
         for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
           mbarrier_wait(&empty[stage], phase ^ 1);
           mbarrier_arrive_expect_tx(&full[stage], stage_bytes);
-          load_stage<kKind, kBlockN>(a_tiles + stage * Tile::kATileBytes, b_tiles + stage * Tile::kBTileBytes,
+          load_stage<kKind, kBlockN, kInCluster>(a_tiles + stage * Tile::kATileBytes, b_tiles + stage * Tile::kBTileBytes,
                                      &a_map, &b_map, &full[stage], c, kb, cta_rank, args);
           if (++stage == kStages) {
             stage = 0;
@@ -235,6 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    if constexpr (kInCluster) cluster_sync();  // the consumers' barrier before the sum of the partial tiles
   } else {
     warpgroup_claim_registers<kConsumerRegisters>();
     constexpr int kTransA = Majorness<kKind>::kTransA;
@@ -251,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
-      const TileCoord c = tile_coord<kBlockN>(tile, cta_rank, args);
+      const TileCoord c = tile_coord<kBlockN, kInCluster>(tile, cta_rank, args);
       // The tile's bias, loaded now so that its latency hides under the mainloop (fetched in the
       // epilogue, it cost several L2 round trips a tile while the tensor cores sat idle).
       float2 bias_value = make_float2(0.f, 0.f);  // columns 2t, 2t + 1 of the tile
@@ -275,10 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         wgmma_commit_group();
         wgmma_wait_group<1>();
-        if (kb > c.kb_begin && warp_leader) {
-#pragma unroll
-          for (uint32_t peer = 0; peer < kClusterM; ++peer) mbarrier_arrive_cluster(&empty[previous_stage], peer);
-        }
+        if (kb > c.kb_begin && warp_leader) release_stage<kInCluster>(&empty[previous_stage]);
         previous_stage = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -286,19 +317,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       wgmma_wait_group<0>();
-      if (warp_leader) {
-#pragma unroll
-        for (uint32_t peer = 0; peer < kClusterM; ++peer) mbarrier_arrive_cluster(&empty[previous_stage], peer);
-      }
+      // (a forced in-cluster slice may have no k-blocks, so no stage to release)
+      if (warp_leader && (!kInCluster || c.kb_begin < c.kb_end)) release_stage<kInCluster>(&empty[previous_stage]);
       if constexpr (kKind == GemmKind::kForward) {
         named_barrier_sync(1 + consumer, 128);  // this warpgroup is done reading the previous tile's bias
         if (2 * thread_in_wg < kBlockN) reinterpret_cast<float2*>(tile_bias)[thread_in_wg] = bias_value;
         named_barrier_sync(1 + consumer, 128);
       }
-      store_tile<Element, kBlockN>(acc, tile_bias, args, c, consumer, thread_in_wg);
+      if constexpr (kInCluster) {
+        named_barrier_sync(3, 128 * kConsumerWarpgroups);  // both warpgroups are done reading the ring
+        // (a forced split may leave a slice without k-blocks: its partial tile is zeros)
+        float* partial = reinterpret_cast<float*>(shared);
+        stage_partial_tile<kBlockN>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
+        cluster_sync();  // every slice's partial tile is complete (the producers arrive after their loop)
+        sum_cluster_tile<Element, kBlockN, kConsumerWarpgroups * 128>(partial, bias_rows, args, c, cta_rank,
+                                                                      threadIdx.x - 128);
+      } else {
+        store_tile<Element, kBlockN>(acc, tile_bias, args, c, consumer, thread_in_wg);
+      }
     }
   }
-  cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
+  cluster_sync();  // no CTA leaves while a peer may still arrive on its barriers or read its partial tile
 #else
   __trap();
 #endif
@@ -306,71 +345,83 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ------------------------------------------------------------------ host
 
-// The shared-memory opt-in and the number of clusters that fit at once (the persistent grid's
-// size; GPCs may leave SMs unpaired), once per device and kernel.
-template <GemmKind kKind, typename Element, int kBlockN>
-int resident_clusters(int32_t device_index) {
+// The shared-memory opt-in and the number of clusters of `cluster_size` CTAs that fit at once
+// (the persistent grid's size; GPCs may leave SMs unpaired), once per device, kernel and size.
+template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
+int resident_clusters(int32_t device_index, int cluster_size) {
   constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices] = {};  // 0: not yet asked
+  static int cache[kMaxDevices][4] = {};  // [device][log2 of the cluster size - 1]; 0: not yet asked
   STD_TORCH_CHECK(device_index >= 0 && device_index < kMaxDevices, "vga sm90_gemm: device index ", device_index,
                   " out of range");
-  if (cache[device_index] > 0) return cache[device_index];
+  const int slot = cluster_size == 2 ? 0 : cluster_size == 4 ? 1 : 2;
+  if (cache[device_index][slot] > 0) return cache[device_index][slot];
   using Tile = TileShape<kBlockN>;
-  auto kernel = core_gemm_kernel<kKind, Element, kBlockN>;
+  auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster>;
   cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   STD_TORCH_CHECK(status == cudaSuccess, "vga sm90_gemm: cannot reserve ", Tile::kSharedBytes,
                   " bytes of shared memory: ", cudaGetErrorString(status));
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute cluster_shape;
   cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = kClusterM;
+  cluster_shape.val.clusterDim.x = cluster_size;
   cluster_shape.val.clusterDim.y = 1;
   cluster_shape.val.clusterDim.z = 1;
-  config.gridDim = dim3(kClusterM);
+  config.gridDim = dim3(cluster_size);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = Tile::kSharedBytes;
   config.attrs = &cluster_shape;
   config.numAttrs = 1;
   int clusters = 0;
   status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-  STD_TORCH_CHECK(status == cudaSuccess && clusters > 0, "vga sm90_gemm: no cluster of ", kClusterM,
+  STD_TORCH_CHECK(status == cudaSuccess && clusters > 0, "vga sm90_gemm: no cluster of ", cluster_size,
                   " CTAs fits: ", cudaGetErrorString(status));
-  cache[device_index] = clusters;
+  cache[device_index][slot] = clusters;
   return clusters;
 }
 
-template <GemmKind kKind, typename Element, int kBlockN>
+template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const CoreArgs& args, int clusters,
                         cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute cluster_shape;
   cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = kClusterM;
+  cluster_shape.val.clusterDim.x = args.cluster_size;
   cluster_shape.val.clusterDim.y = 1;
   cluster_shape.val.clusterDim.z = 1;
-  config.gridDim = dim3(clusters * kClusterM);
+  config.gridDim = dim3(clusters * args.cluster_size);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = TileShape<kBlockN>::kSharedBytes;
   config.stream = stream;
   config.attrs = &cluster_shape;
   config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, core_gemm_kernel<kKind, Element, kBlockN>, a_map, b_map, args);
+  cudaLaunchKernelEx(&config, core_gemm_kernel<kKind, Element, kBlockN, kInCluster>, a_map, b_map, args);
+}
+
+template <GemmKind kKind, typename Element, bool kInCluster>
+int resident_clusters_of_every_width(int32_t device_index, int cluster_size) {
+  return std::min({resident_clusters<kKind, Element, 256, kInCluster>(device_index, cluster_size),
+                   resident_clusters<kKind, Element, 128, kInCluster>(device_index, cluster_size),
+                   resident_clusters<kKind, Element, 64, kInCluster>(device_index, cluster_size)});
+}
+
+template <GemmKind kKind, typename Element>
+ResidentClusters resident_clusters(int32_t device_index) {
+  ResidentClusters r;
+  r.pairs = resident_clusters_of_every_width<kKind, Element, false>(device_index, 2);
+  r.of2 = resident_clusters_of_every_width<kKind, Element, true>(device_index, 2);
+  r.of4 = resident_clusters_of_every_width<kKind, Element, true>(device_index, 4);
+  r.of8 = resident_clusters_of_every_width<kKind, Element, true>(device_index, 8);
+  return r;
 }
 
 // Plans, fills the tile counts of `args` (whose out, out_ld, bias and a_4d the family set),
-// launches the core and, for a split reduction, the fixed-order sum of the partials.
+// launches the core and, for a split across the grid, the fixed-order sum of the partials.
 // `b_map_for(block_n)` builds the B view, whose box may depend on the tile width.
 template <GemmKind kKind, typename Element, typename BMapFor>
 void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, BMapFor&& b_map_for,
               const WorkspaceRequest& workspace, ForcedConfig forced, int32_t device_index, cudaStream_t stream) {
-  const int clusters_256 = resident_clusters<kKind, Element, 256>(device_index);
-  const int clusters_128 = resident_clusters<kKind, Element, 128>(device_index);
-  CorePlan plan = choose_plan(shape, std::min(clusters_256, clusters_128), forced.block_n);
-  if (forced.splits > 0) {
-    const int64_t per_split = ceil_div(shape.kblocks, forced.splits);
-    plan.splits = static_cast<int>(ceil_div(shape.kblocks, per_split));
-    plan.kblocks_per_split = static_cast<int>(per_split);
-  }
+  const ResidentClusters resident = resident_clusters<kKind, Element>(device_index);
+  const CorePlan plan = choose_plan(shape, resident, forced);
   const int64_t rows = shape.m_outer * shape.m_inner;
   args.m_inner = static_cast<int>(shape.m_inner);
   args.m_inner_tiles = static_cast<int>(ceil_div(shape.m_inner, kBlockM));
@@ -381,15 +432,23 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
   args.kblocks = static_cast<int>(shape.kblocks);
   args.kblocks_per_group = static_cast<int>(shape.kblocks_per_group);
   args.kblocks_per_split = plan.kblocks_per_split;
-  args.cluster_along_n = pair_columns(args.m_tiles, args.n_tiles) ? 1 : 0;
-  args.m_units = args.cluster_along_n ? args.m_tiles : static_cast<int>(ceil_div(args.m_tiles, kClusterM));
-  args.n_units = args.cluster_along_n ? static_cast<int>(ceil_div(args.n_tiles, kClusterM)) : args.n_tiles;
-  args.group_units = args.cluster_along_n ? kGroupM : kGroupM / kClusterM;
+  args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;
+  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n) ? 1 : 0;
+  if (plan.in_cluster) {
+    args.m_units = args.m_tiles;
+    args.n_units = args.n_tiles;
+    args.group_units = kGroupM;
+  } else {
+    args.m_units = args.cluster_along_n ? args.m_tiles : static_cast<int>(ceil_div(args.m_tiles, kClusterM));
+    args.n_units = args.cluster_along_n ? static_cast<int>(ceil_div(args.n_tiles, kClusterM)) : args.n_tiles;
+    args.group_units = args.cluster_along_n ? kGroupM : kGroupM / kClusterM;
+  }
   args.tiles_per_split = args.m_units * args.n_units;
-  args.num_cluster_tiles = args.tiles_per_split * plan.splits;
+  const bool grid_split = plan.splits > 1 && !plan.in_cluster;
+  args.num_cluster_tiles = args.tiles_per_split * (grid_split ? plan.splits : 1);
   args.partials = nullptr;
   args.partial_stride = 0;
-  if (plan.splits > 1) {
+  if (grid_split) {
     args.partial_stride = rows * args.out_ld;
     args.partials = static_cast<float*>(workspace.get(plan.splits * args.partial_stride * int64_t(sizeof(float))));
     args.vector_store = args.out_ld % 2 == 0 ? 1 : 0;
@@ -397,14 +456,19 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
     args.vector_store = (is_aligned(args.out, 16) && args.out_ld % 8 == 0 && shape.n_group_width % 8 == 0) ? 1 : 0;
   }
   const CUtensorMap b_map = b_map_for(plan.block_n);
-  const int resident = plan.block_n == 256 ? clusters_256 : clusters_128;
-  const int clusters = std::min(args.num_cluster_tiles, resident);
+  // A split in the cluster walks one tile a cluster (its partial tile takes the ring's memory).
+  const int clusters = plan.in_cluster ? args.num_cluster_tiles : std::min(args.num_cluster_tiles, resident.pairs);
   if (plan.block_n == 256) {
-    launch_core_kernel<kKind, Element, 256>(a_map, b_map, args, clusters, stream);
+    (plan.in_cluster ? launch_core_kernel<kKind, Element, 256, true> : launch_core_kernel<kKind, Element, 256, false>)(
+        a_map, b_map, args, clusters, stream);
+  } else if (plan.block_n == 128) {
+    (plan.in_cluster ? launch_core_kernel<kKind, Element, 128, true> : launch_core_kernel<kKind, Element, 128, false>)(
+        a_map, b_map, args, clusters, stream);
   } else {
-    launch_core_kernel<kKind, Element, 128>(a_map, b_map, args, clusters, stream);
+    (plan.in_cluster ? launch_core_kernel<kKind, Element, 64, true> : launch_core_kernel<kKind, Element, 64, false>)(
+        a_map, b_map, args, clusters, stream);
   }
-  if (plan.splits > 1) {
+  if (grid_split) {
     const int64_t total = rows * args.out_ld;
     const int vector = args.out_ld % 4 == 0 ? 1 : 0;
     const int64_t threads_needed = vector ? ceil_div(total, 4) : total;

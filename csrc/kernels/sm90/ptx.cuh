@@ -89,6 +89,22 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
       : "memory");
 }
 
+// Four fp32 values from the shared memory of cluster CTA `cta_rank`, at the offset `local` has
+// in this CTA's (16-byte aligned).
+__device__ __forceinline__ float4 load_cluster_float4(uint32_t local, uint32_t cta_rank) {
+  float4 v;
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %4, %5;\n"
+      "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n"
+      "}\n"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "r"(local), "r"(cta_rank)
+      : "memory");
+  return v;
+}
+
 __device__ __forceinline__ uint32_t cluster_cta_rank() {
   uint32_t rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
@@ -188,13 +204,22 @@ __device__ __forceinline__ void wgmma_wait_group() {
 }
 
 // acc[64 x N] (fp32, the wgmma fragment layout) = A[64 x 16] * B[N x 16]^T (+ acc when
-// `accumulate` != 0), N = 128 or 256 (N / 2 floats a thread), both operands in shared memory:
+// `accumulate` != 0), N = 64, 128 or 256 (N / 2 floats a thread), both operands in shared memory:
 // kTransA / kTransB = 0 for a K-major operand, 1 for an MN-major one (16-bit types only).
 // Element is __nv_bfloat16 or __half.
 #define VGA_ACC16(i)                                                                                       \
   "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), "+f"(acc[i + 5]), \
       "+f"(acc[i + 6]), "+f"(acc[i + 7]), "+f"(acc[i + 8]), "+f"(acc[i + 9]), "+f"(acc[i + 10]),              \
       "+f"(acc[i + 11]), "+f"(acc[i + 12]), "+f"(acc[i + 13]), "+f"(acc[i + 14]), "+f"(acc[i + 15])
+#define VGA_WGMMA_M64N64K16(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+      "}, %32, %33, accumulate, 1, 1, %35, %36;\n}\n" \
+      : VGA_ACC16(0), VGA_ACC16(16) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
 #define VGA_WGMMA_M64N128K16(TYPE) \
   asm volatile( \
       "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n" \
@@ -233,6 +258,8 @@ struct Wgmma;
       VGA_WGMMA_M64N##N##K16(TYPE);                                                                 \
     }                                                                                               \
   };
+VGA_WGMMA_WIDE(64, "bf16", __nv_bfloat16)
+VGA_WGMMA_WIDE(64, "f16", __half)
 VGA_WGMMA_WIDE(128, "bf16", __nv_bfloat16)
 VGA_WGMMA_WIDE(128, "f16", __half)
 VGA_WGMMA_WIDE(256, "bf16", __nv_bfloat16)
@@ -241,6 +268,7 @@ VGA_WGMMA_WIDE(256, "f16", __half)
 #undef VGA_WGMMA_WIDE
 #undef VGA_WGMMA_M64N256K16
 #undef VGA_WGMMA_M64N128K16
+#undef VGA_WGMMA_M64N64K16
 #undef VGA_ACC16
 
 // acc[64 x N] = A[64 x 16] * B[N x 16]^T (+ acc), N = 16, 32 or 64 (N / 2 fp32 a thread),

@@ -6,9 +6,13 @@
 // share A and B panels in L2. A cluster tile is kClusterM vertically adjacent tiles sharing one B
 // panel (each CTA loads part of it and multicasts it), or, where the row tiles are too few to pair
 // (rows <= 128: the second CTA would idle), kClusterM horizontally adjacent tiles sharing one A
-// panel the same way. With a split reduction the walk repeats per
-// slice of k-blocks; each slice writes fp32 partial sums that one fixed-order pass adds up
-// (epilogue.cuh), so results are bitwise deterministic.
+// panel the same way. A reduction split in two ways, both summed in a fixed order (epilogue.cuh),
+// so results are bitwise deterministic:
+//  * across the grid: the walk repeats per slice of k-blocks and each slice writes fp32 partial
+//    sums to a workspace that a second launch adds up (long reductions, many tiles);
+//  * in the cluster: the cluster's S CTAs (S = 2, 4 or 8) take the S slices of one tile and add
+//    their partial tiles up through distributed shared memory (no workspace, no second launch;
+//    few tiles, where the partials' traffic and launch would cost as much as the product).
 #pragma once
 
 #include <algorithm>
@@ -46,8 +50,9 @@ struct CoreArgs {
   int kblocks_per_group;
   int kblocks_per_split;
   int cluster_along_n;  // 0: a cluster's CTAs are adjacent row tiles (B shared), 1: column tiles (A shared)
-  int m_units;          // cluster tiles along M: ceil(m_tiles / kClusterM), or m_tiles along N
-  int n_units;          // cluster tiles along N: n_tiles, or ceil(n_tiles / kClusterM)
+  int cluster_size;     // CTAs a cluster: kClusterM (the pairs), or the in-cluster split's slices (2, 4, 8)
+  int m_units;          // cluster tiles along M: ceil(m_tiles / kClusterM), or m_tiles (along N, in-cluster split)
+  int n_units;          // cluster tiles along N: n_tiles, or ceil(n_tiles / kClusterM) along N
   int group_units;      // m units a raster group holds (kGroupM row tiles)
   int tiles_per_split;  // cluster tiles of one split
   int num_cluster_tiles;
@@ -68,10 +73,14 @@ struct TileCoord {
 };
 
 #if defined(__CUDACC__)
-template <int kBlockN>
+template <int kBlockN, bool kInCluster>
 __device__ __forceinline__ TileCoord tile_coord(int tile, uint32_t cta_rank, const CoreArgs& a) {
-  const int split = tile / a.tiles_per_split;
-  tile -= split * a.tiles_per_split;
+  const int rank = static_cast<int>(cta_rank);
+  int split = rank;
+  if constexpr (!kInCluster) {
+    split = tile / a.tiles_per_split;
+    tile -= split * a.tiles_per_split;
+  }
   const int tiles_per_group = a.group_units * a.n_units;
   const int group = tile / tiles_per_group;
   const int first_unit = group * a.group_units;
@@ -79,9 +88,10 @@ __device__ __forceinline__ TileCoord tile_coord(int tile, uint32_t cta_rank, con
   const int in_group = tile - group * tiles_per_group;
   const int m_unit = first_unit + in_group % group_m;
   const int n_unit = in_group / group_m;
-  const int rank = static_cast<int>(cta_rank);
-  const int m_tile = a.cluster_along_n ? m_unit : m_unit * kClusterM + rank;
-  const int n_tile = a.cluster_along_n ? n_unit * kClusterM + rank : n_unit;
+  const bool pairs_rows = !kInCluster && !a.cluster_along_n;
+  const bool pairs_columns = !kInCluster && a.cluster_along_n;
+  const int m_tile = pairs_rows ? m_unit * kClusterM + rank : m_unit;
+  const int n_tile = pairs_columns ? n_unit * kClusterM + rank : n_unit;
   const int outer = m_tile / a.m_inner_tiles;
   const int n_group = n_tile / a.n_group_tiles;
   TileCoord c;
@@ -107,60 +117,115 @@ struct CoreShape {
 };
 
 struct CorePlan {
-  int block_n;  // 128 or 256
-  int splits;   // 1: direct store; > 1: fp32 partials + a fixed-order reduction
+  int block_n;  // 64, 128 or 256
+  int splits;   // 1: direct store; > 1: fp32 partial sums added in a fixed order
   int kblocks_per_split;
-  bool cluster_along_n;
+  bool in_cluster;  // splits > 1: the cluster's CTAs are the slices (DSMEM sum), else a workspace + launch
 };
+
+// Clusters that fit on the GPU at once, by cluster size (2: the paired tiles; 4, 8: in-cluster splits).
+struct ResidentClusters {
+  int pairs;          // the paired (operand-sharing) kernel's clusters of 2
+  int of2, of4, of8;  // the in-cluster split kernel's, by cluster size
+  int of(int size) const { return size == 8 ? of8 : size == 4 ? of4 : of2; }
+};
+constexpr int kClusterSplits[] = {2, 4, 8};
 
 // Cluster tiles of one split: pairs of row tiles sharing B, unless pairing the column tiles leaves
 // fewer CTAs idle (an odd or single row tile), then pairs of column tiles sharing A.
 inline int64_t cluster_tiles(int64_t m_tiles, int64_t n_tiles, bool along_n) {
   return along_n ? m_tiles * ceil_div(n_tiles, kClusterM) : ceil_div(m_tiles, kClusterM) * n_tiles;
 }
-inline bool pair_columns(int64_t m_tiles, int64_t n_tiles) {
-  return cluster_tiles(m_tiles, n_tiles, true) < cluster_tiles(m_tiles, n_tiles, false);
+// 64-wide tiles always pair columns: their B tile is one MN-major box for the backward kinds (not
+// split between two CTAs), and their A tile is the larger operand, so sharing it saves the most.
+inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n) {
+  return block_n == 64 || cluster_tiles(m_tiles, n_tiles, true) < cluster_tiles(m_tiles, n_tiles, false);
 }
 
-// Time of one plan in units of one 128 x 256 x 64 tile step (~0.8 us on an H200 SM at the
-// chip's ~700 TFLOP/s), from what limits it. The constants are fitted to run 23's forced-config
-// sweep (benchmarks/core_configs.py --fit; mean regret 0.1%, worst 6%; benchmarks/NOTES.md, "GEMM core"):
-//  * waves: a persistent grid of `resident_clusters` clusters runs ceil(cluster tiles / clusters)
-//    rounds, each as long as one tile's k-blocks (the tail wave costs a full round);
-//  * a 128 x 128 step costs 0.6 of a 128 x 256 one (each B byte feeds half the FLOPs);
-//  * a tile's fixed cost (pipeline fill, epilogue stores) ~0.5 steps;
-//  * a split adds its partial sums' fp32 traffic (written once, read once, ~3 TB/s) and the
-//    reducing launch with its wait (~8 steps).
-inline double plan_cost(const CoreShape& s, int block_n, int splits, int kblocks_per_split, int resident_clusters) {
-  const double step = block_n == 256 ? 1.0 : 0.6;
+// Time of one plan in microseconds, from what limits it (benchmarks/NOTES.md, "GEMM core", has
+// the measurements; benchmarks/core_configs.py --fit fits the constants to a forced-config sweep):
+//  * rounds: the persistent grid of resident clusters runs ceil(jobs / clusters) rounds, a job
+//    being one slice of one cluster tile; each round is as long as one job: its k-blocks at the
+//    tile width's k-block time (a 128 x N x 64 step: tensor-core time for N = 256, the operands'
+//    L2 -> SM traffic for the narrower tiles), plus a job's fixed cost (pipeline fill, epilogue);
+//  * HBM: no plan beats reading A and B and writing the output once (a floor, not a sum: the
+//    streams overlap the MMAs);
+//  * a split across the grid adds its fp32 partial sums' traffic (written and read once) and the
+//    reducing launch;
+//  * a split in the cluster adds the DSMEM sum per slice, and its CTAs share no operand (a
+//    cluster tile is one output tile, in one round only: its grid is not persistent; the driver
+//    fits 66 pairs, 30 clusters of 4 and 15 of 8 on an H200, fewer than 132 / S).
+// Fitted to run 29 (benchmarks/results/run29-core-configs.jsonl: 11 layers x 64-4096 rows, the
+// forward, grad_x and grad_weight of 14 forced configurations): the picked configuration is 0.7%
+// slower than the fastest measured one on average, 20% at worst (small-K forwards at 100-512 rows,
+// where c2/c4 beat the picked n64/s1); on run 28's points, not fitted: 0.3% and 7%.
+struct PlanConstants {
+  double kblock_us_256, kblock_us_128, kblock_us_64;
+  double job_us;
+  double hbm_bytes_per_us;
+  double split_bytes_per_us;
+  double split_launch_us;
+  double cluster_slice_us;
+};
+constexpr PlanConstants kPlanConstants{0.6, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75};
+
+inline double plan_cost(const CoreShape& s, const CorePlan& plan, const ResidentClusters& resident,
+                        const PlanConstants& k = kPlanConstants) {
+  const double kblock_us =
+      plan.block_n == 256 ? k.kblock_us_256 : plan.block_n == 128 ? k.kblock_us_128 : k.kblock_us_64;
   const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, kBlockM);
-  const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, block_n);
-  const int64_t tiles = cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles)) * splits;
-  const int64_t rounds = ceil_div(tiles, std::max(1, resident_clusters));
-  double cost = static_cast<double>(rounds) * (kblocks_per_split * step + 0.5);
-  if (splits > 1) {
-    const double rows = static_cast<double>(s.m_outer * s.m_inner);
-    const double bytes = rows * static_cast<double>(s.n_groups * s.n_group_width) * (8.0 * splits + 2.0);
-    cost += bytes / 3.0e12 / 0.8e-6 + 8.0;
+  const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, plan.block_n);
+  const double rows = static_cast<double>(s.m_outer * s.m_inner);
+  const double columns = static_cast<double>(s.n_groups * s.n_group_width);
+  const double reduction = static_cast<double>(s.kblocks * kBlockK);
+  const double hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / k.hbm_bytes_per_us;
+  const double job_us = plan.kblocks_per_split * kblock_us + k.job_us;
+  if (plan.in_cluster) {
+    const int64_t rounds = ceil_div(m_tiles * n_tiles, std::max(1, resident.of(plan.splits)));
+    return std::max(static_cast<double>(rounds) * (job_us + k.cluster_slice_us * plan.splits), hbm_us);
   }
+  const int64_t jobs = cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n)) * plan.splits;
+  const int64_t rounds = ceil_div(jobs, std::max(1, resident.pairs));
+  double cost = std::max(static_cast<double>(rounds) * job_us, hbm_us);
+  if (plan.splits > 1) cost += rows * columns * (8.0 * plan.splits + 2.0) / k.split_bytes_per_us + k.split_launch_us;
   return cost;
 }
 
-inline CorePlan choose_plan(const CoreShape& s, int resident_clusters, int only_block_n = 0) {
-  CorePlan best{256, 1, static_cast<int>(s.kblocks), false};
+// The cheapest plan by plan_cost, among those `forced` allows (0 fields: any).
+inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident, const ForcedConfig& forced) {
+  // A forced split count is the count its slice length gives (12 k-blocks in 5 slices: 4 of 3).
+  const int forced_splits =
+      forced.splits > 0 ? static_cast<int>(ceil_div(s.kblocks, ceil_div(s.kblocks, forced.splits))) : 0;
+  CorePlan best{forced.block_n != 0 ? forced.block_n : 256, 1, static_cast<int>(s.kblocks), false};
   double best_cost = 1e300;
-  for (int block_n : {256, 128}) {
-    if (only_block_n != 0 && block_n != only_block_n) continue;
-    for (int splits = 1; splits <= 16; ++splits) {
+  auto consider = [&](const CorePlan& plan) {
+    if (forced.block_n != 0 && plan.block_n != forced.block_n) return;
+    if (forced_splits != 0 && (plan.in_cluster || plan.splits != forced_splits)) return;
+    if (forced.cluster_splits != 0 && (!plan.in_cluster || plan.splits != forced.cluster_splits)) return;
+    const double cost = plan_cost(s, plan, resident);
+    if (cost < best_cost * 0.97) {  // a rival must win by 3% to displace the simpler plan
+      best_cost = cost;
+      best = plan;
+    }
+  };
+  for (int block_n : {256, 128, 64}) {
+    for (int splits = 1; splits <= 64; ++splits) {
       const int64_t per_split = ceil_div(s.kblocks, splits);
-      if (per_split < 4 && splits > 1) break;  // a slice shorter than the ring does not pay for its partials
       const int used = static_cast<int>(ceil_div(s.kblocks, per_split));
       if (used != splits) continue;
-      const double cost = plan_cost(s, block_n, used, static_cast<int>(per_split), resident_clusters);
-      if (cost < best_cost * 0.97) {  // a rival must win by 3% to displace the simpler plan
-        best_cost = cost;
-        best = {block_n, used, static_cast<int>(per_split), false};
-      }
+      // A slice shorter than the ring does not pay for its partials, unless forced.
+      if (per_split < 4 && splits > 1 && forced_splits != splits) continue;
+      consider({block_n, used, static_cast<int>(per_split), false});
+    }
+    const int64_t tiles = s.m_outer * ceil_div(s.m_inner, kBlockM) * s.n_groups * ceil_div(s.n_group_width, block_n);
+    for (int slices : kClusterSplits) {
+      const int64_t per_split = ceil_div(s.kblocks, slices);
+      const bool forced_here = forced.cluster_splits == slices;
+      // The rule gives every CTA of the cluster a slice, in one round (plan_cost's note); forced, the
+      // last slices may sum zero tiles and the clusters may take several rounds.
+      if (!forced_here && (per_split * (slices - 1) >= s.kblocks || tiles > resident.of(slices)))
+        continue;
+      consider({block_n, slices, static_cast<int>(per_split), true});
     }
   }
   return best;
