@@ -57,7 +57,7 @@ def built_families(build) -> tuple:
     """The kernel families of the build (csrc's kFamilies when it was built), () without one."""
     if build is None or not build.EXTENSION_BUILT:
         return ()
-    return tuple(getattr(build, "KERNEL_FAMILIES", ()) or vga_linear.ops.KERNEL_FAMILIES)
+    return tuple(getattr(build, "KERNEL_FAMILIES", ()))
 
 
 def runnable_families(families, capability, archs) -> list:

@@ -25,9 +25,21 @@ SCHEMAS = {
     "gather_concat_linear_grad_x": "(Tensor grad_out, Tensor weight, int num_shards) -> Tensor",
     "gather_concat_linear_grad_weight": "(Tensor grad_out, Tensor x) -> Tensor",
 }
-# The CUDA kernel families, in csrc/gather_concat_linear.cu's preference order; the private
-# op vga::_gather_concat_linear_family(x, weight, bias, name) runs one of them by name.
-KERNEL_FAMILIES = ("tiny", "sm90_skinny", "skinny", "sm90_tf32x3", "simt_fp32", "sm90_gemm", "generic")
+
+
+def _built_kernel_families() -> tuple:
+    """The CUDA kernel families of this package's build, in csrc/gather_concat_linear.cu's
+    preference order (its kFamilies table, which setup.py records in _build_info.py); () for a
+    build without kernels or a source tree that was never built."""
+    try:
+        from . import _build_info
+    except ImportError:
+        return ()
+    return tuple(getattr(_build_info, "KERNEL_FAMILIES", ())) if _build_info.EXTENSION_BUILT else ()
+
+
+# The private op vga::_gather_concat_linear_family(x, weight, bias, name) runs one by name.
+KERNEL_FAMILIES = _built_kernel_families()
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _SUPPORTED_DTYPE_SET = frozenset(SUPPORTED_DTYPES)
 _DTYPE_NAMES = "float32, float16, bfloat16 and float64"
