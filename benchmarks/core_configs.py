@@ -3,6 +3,8 @@ plan rule (csrc/kernels/sm90/schedule.cuh, plan_cost) and how well the rule pick
 
   python benchmarks/core_configs.py --json results/runN-core-configs.jsonl   # on an H200
   python benchmarks/core_configs.py --fit results/runN-core-configs.jsonl    # anywhere: fit the rule
+  ncu --cache-control all --clock-control none -k 'regex:core_gemm|nvjet' python benchmarks/core_configs.py \
+      --once --layers 32,128,4096 --rows 512 --configs 'sm90_gemm/n128/s1'  # ours and cuBLAS's kernels
 
 For each layer shape x row count it times, with the bench's timer (CUDA events, median, the L2
 flushed by a 256 MiB *read* before each call: do_bench's zeroing flush leaves ~60 MB of dirty lines
@@ -49,6 +51,10 @@ def measure(args):
     timer = harness.GpuTimer()
 
     def bench(fn):
+        if args.once:  # one call, for a profiler to catch (ncu -k 'regex:core_gemm|nvjet|gemm')
+            fn()
+            torch.cuda.synchronize()
+            return 0.0
         return statistics.median(timer.run(fn, warmup_ms=2.0, rep_ms=args.rep_ms, min_runs=10))  # us
 
     out = open(args.json, "w") if args.json else None
@@ -184,6 +190,8 @@ def main():
     parser.add_argument("--configs", type=lambda s: s.split(";"), default=CONFIGS)
     parser.add_argument("--kinds", type=lambda s: tuple(s.split(",")), default=("fwd", "gx", "gw"),
                         help="--fit: the products to fit (fwd, gx, gw)")
+    parser.add_argument("--once", action="store_true",
+                        help="run every product once, untimed: the launches for ncu to profile side by side")
     parser.add_argument("--rep-ms", type=float, default=15.0, help="time budget of one median")
     parser.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", "240")))
     args = parser.parse_args()
