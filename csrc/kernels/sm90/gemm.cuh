@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 int resident_clusters(int32_t device_index, int cluster_size) {
   constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices][4] = {};  // [device][log2 of the cluster size - 1]; 0: not yet asked
+  static int cache[kMaxDevices][3] = {};  // [device][log2 of the cluster size - 1]; 0: not yet asked
   STD_TORCH_CHECK(device_index >= 0 && device_index < kMaxDevices, "vga sm90_gemm: device index ", device_index,
                   " out of range");
   const int slot = cluster_size == 2 ? 0 : cluster_size == 4 ? 1 : 2;

@@ -209,14 +209,16 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
     }
   };
   for (int block_n : {256, 128, 64}) {
-    for (int splits = 1; splits <= 64; ++splits) {
+    if (forced.block_n != 0 && block_n != forced.block_n) continue;
+    for (int splits = 1; splits <= 64 && forced.cluster_splits == 0; ++splits) {
       const int64_t per_split = ceil_div(s.kblocks, splits);
-      const int used = static_cast<int>(ceil_div(s.kblocks, per_split));
-      if (used != splits) continue;
-      // A slice shorter than the ring does not pay for its partials, unless forced.
-      if (per_split < 4 && splits > 1 && forced_splits != splits) continue;
-      consider({block_n, used, static_cast<int>(per_split), false});
+      // A slice shorter than the ring does not pay for its partials, unless forced; slices only
+      // get shorter from here.
+      if (per_split < 4 && splits > 1 && splits > forced_splits) break;
+      if (ceil_div(s.kblocks, per_split) != splits || (per_split < 4 && splits > 1 && splits != forced_splits)) continue;
+      consider({block_n, splits, static_cast<int>(per_split), false});
     }
+    if (forced_splits != 0) continue;
     const int64_t tiles = s.m_outer * ceil_div(s.m_inner, kBlockM) * s.n_groups * ceil_div(s.n_group_width, block_n);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(s.kblocks, slices);
