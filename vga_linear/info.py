@@ -34,7 +34,7 @@ def report() -> str:
     else:
         lines.append(f"CUDA kernels      not loaded: {vga_linear.kernels_not_loaded_reason()}")
         lines.append("                  gather_concat_linear runs the PyTorch reference")
-    families = built_families(build)
+    families = vga_linear.ops.KERNEL_FAMILIES  # the build's record of csrc's kFamilies, () without one
     lines.append(f"kernel families   {', '.join(families) if families else 'none (no CUDA build)'}")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -51,13 +51,6 @@ def report() -> str:
     else:
         lines.append("GPU               none visible")
     return "\n".join(lines)
-
-
-def built_families(build) -> tuple:
-    """The kernel families of the build (csrc's kFamilies when it was built), () without one."""
-    if build is None or not build.EXTENSION_BUILT:
-        return ()
-    return tuple(getattr(build, "KERNEL_FAMILIES", ()))
 
 
 def runnable_families(families, capability, archs) -> list:
