@@ -9,8 +9,7 @@ plan rule (csrc/kernels/sm90/schedule.cuh, plan_cost) and how well the rule pick
 For each layer shape x row count it times, with the bench's timer (CUDA events, median, the L2
 flushed by a 256 MiB *read* before each call: do_bench's zeroing flush leaves ~60 MB of dirty lines
 that the next call writes back, which cost the small points here up to 4x; benchmarks/NOTES.md,
-"Method"), the
-forward, grad_x and grad_weight of each forced tile width / split ("sm90_gemm/n128/s2") and the rule's
+"Method"), the forward, grad_x and grad_weight of each forced tile width / split ("sm90_gemm/n128/s2") and the rule's
 own choice ("sm90_gemm"), next to cuBLAS on a pre-concatenated input (F.linear, grad_y @ W,
 grad_y^T @ cat(x)). --fit searches plan_cost's constants for the least worst regret, then the least
 mean (regret: time of the configuration the model picks over the fastest one measured), and prints
@@ -89,9 +88,12 @@ CONSTANTS = ("kblock_us_256", "kblock_us_128", "kblock_us_64", "job_us", "hbm_by
              "split_launch_us", "cluster_slice_us")
 
 
+def tile_counts(shape, block_n):
+    return shape["m_outer"] * math.ceil(shape["m_inner"] / 128), shape["n_groups"] * math.ceil(shape["width"] / block_n)
+
+
 def plan_cost(shape, block_n, splits, per_split, in_cluster, p):
-    m_tiles = shape["m_outer"] * math.ceil(shape["m_inner"] / 128)
-    n_tiles = shape["n_groups"] * math.ceil(shape["width"] / block_n)
+    m_tiles, n_tiles = tile_counts(shape, block_n)
     rows, columns = shape["m_outer"] * shape["m_inner"], shape["n_groups"] * shape["width"]
     reduction = shape["kblocks"] * 64
     hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / p["hbm_bytes_per_us"]
@@ -132,9 +134,8 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False):
                 block_n, splits, in_cluster = int(width[1:]), int(split[1:]), split[0] == "c"
                 per_split = math.ceil(shape["kblocks"] / splits)
                 used = splits if in_cluster else math.ceil(shape["kblocks"] / per_split)
-                tiles = shape["m_outer"] * math.ceil(shape["m_inner"] / 128) * shape["n_groups"] * math.ceil(
-                    shape["width"] / block_n)
-                if in_cluster and (per_split * (splits - 1) >= shape["kblocks"] or tiles > RESIDENT[splits]):
+                if in_cluster and (per_split * (splits - 1) >= shape["kblocks"]
+                                   or math.prod(tile_counts(shape, block_n)) > RESIDENT[splits]):
                     continue  # the rule gives every CTA of the cluster a slice, all clusters in one round
                 measured.append((plan_cost(shape, block_n, used, per_split, in_cluster, p), t, key))
         if not measured:

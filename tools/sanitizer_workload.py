@@ -38,9 +38,8 @@ def _forced(op, *args):
 
 def _check_backward(g, x, w, family):
     R = x.shape[0]
-    grad_cat = g.double() @ w.double()
-    ref_x = grad_cat.unflatten(-1, (R, x.shape[-1])).movedim(-2, 0)
-    ref_w = g.double().flatten(0, -2).mT @ torch.cat(x.double().unbind(0), -1).flatten(0, -2)
+    ref_x = vga_linear.ops._grad_x_reference(g.double(), w.double(), R)
+    ref_w = vga_linear.ops._grad_weight_reference(g.double(), x.double())
     for got, ref in ((_forced(torch.ops.vga._gather_concat_linear_grad_x_family, g, w, R, family), ref_x),
                      (_forced(torch.ops.vga._gather_concat_linear_grad_weight_family, g, x, family), ref_w)):
         if got is not None:
