@@ -18,6 +18,11 @@ split over the world size R: x_local is (B, IN/R), W is (K, IN)) it times, on th
 
 and for each row its compute-only time (the same strategy code handed collectives that move
 nothing, NoComm below) and the exposed communication = time - compute-only.  Speedups are naive/row and symm_mem/row.
+"sim us" is --simulate's prediction of the row (this GPU's kernel times, the cost model's link), so
+the model can be checked against the measurement; each shape ends with the measured-fastest of
+ours and auto's time over it.  --suite train runs TRAIN_SHAPES (7B/70B-class TP layers at 4k/16k
+tokens); --backward times forward + backward (grad_mode="sum", torch.distributed.nn's autograd
+all_gather for naive; symm_mem has no backward).
 
 Simulation (no process group, one GPU or none):
 
@@ -55,6 +60,14 @@ SHAPES = [
     ("mid_fp32", 8, 1024, 256, 1024, "fp32"),
     ("prefill_oproj", 32, 4096, 128, 4096, "bf16"),
     ("tp_gather", 8, 8192, 1024, 8192, "bf16"),
+]
+# Tensor-parallel training layers (IN = R_seed * H_seed split over the world): the attention output
+# projection and the MLP down projection of 7B- and 70B-class models, at 4k and 16k tokens.
+TRAIN_SHAPES = [
+    (f"{name}_{tokens // 1024}k", 1, tokens, IN, K, "bf16")
+    for name, IN, K in (("7b_oproj", 4096, 4096), ("7b_down", 11008, 4096),
+                        ("70b_oproj", 8192, 8192), ("70b_down", 28672, 8192))
+    for tokens in (4096, 16384)
 ]
 CPU_SHAPES = [
     ("cpu_seed", 4, 12, 32, 56, "fp32"),
@@ -331,15 +344,19 @@ def run_real(args):
     group = dist.group.WORLD
     R, rank = dist.get_world_size(), dist.get_rank()
     name_of_group = group.group_name
+    cm = vd.default_cost_model(dev.type)
     if args.calibrate:
         cm = vd.calibrate(group, dev)
         if rank == 0:
             print(f"calibrated: link {cm.link_bw / 1e9:.3g} GB/s, {cm.coll_latency * 1e6:.3g} us/collective, "
                   f"copy {cm.mem_bw / 1e9:.3g} GB/s, GEMM {dict(cm.gemm_flops)}")
-    shapes = SHAPES if use_cuda else CPU_SHAPES
     if args.shapes:
         keep = set(args.shapes.split(","))
-        shapes = [s for s in SHAPES + CPU_SHAPES if s[0] in keep]
+        shapes = [s for s in SHAPES + TRAIN_SHAPES + CPU_SHAPES if s[0] in keep]
+    else:
+        shapes = (TRAIN_SHAPES if args.suite == "train" else SHAPES) if use_cuda else CPU_SHAPES
+    # the simulation's kernel times on this GPU (rank 0 prints the "sim us" column)
+    kt = KernelTimes(cm, measure=True, iters=args.iters, device=dev) if use_cuda and not args.backward else None
 
     def sync():
         if use_cuda:
@@ -369,7 +386,7 @@ def run_real(args):
         return t.item()
 
     symm = None
-    if use_cuda and R > 1:
+    if use_cuda and R > 1 and not args.backward:
         try:
             import torch.distributed._symmetric_memory as symm_mem_mod
 
@@ -382,12 +399,13 @@ def run_real(args):
             symm = None
             if rank == 0:
                 print(f"symm_mem unavailable: {type(e).__name__}: {e}")
-    results = []
+    results, summary = [], []
     if rank == 0:
+        what = "forward + backward" if args.backward else "forward"
         print(f"bench_distributed: world size {R}, backend {backend}, device {dev}, torch {torch.__version__}; "
-              f"median of {args.iters} (slowest rank); exposed comm = time - compute-only")
+              f"{what}, median of {args.iters} (slowest rank); exposed comm = time - compute-only; cost model: {cm.source}")
         hdr = (f"{'shape':<14}{'R,B,H,K':>22}{'dt':>5}  {'row':<12}{'us':>10}{'compute':>10}{'exposed':>10}"
-               f"{'x naive':>9}{'x symm':>8}{'model us':>10}  check")
+               f"{'x naive':>9}{'x symm':>8}{'model us':>10}{'sim us':>9}  check")
         print(hdr)
         print("-" * len(hdr))
     for name, r0, B, h0, K, dts in shapes:
@@ -403,17 +421,33 @@ def run_real(args):
         xs = torch.randn(R, B, H, generator=g).to(dev, dtype)
         x = xs[rank].contiguous()
         parts = [torch.empty_like(x) for _ in range(R)]
+        plan_kw = dict(device_type=dev.type, cost_model=cm, grad_x=args.backward, grad_w=args.backward,
+                       grad_mode="sum" if args.backward else "replicated")
+        plan = vd.plan_all_gather_linear(R, B, H, K, dtype, **plan_kw)
+        gy = (torch.randn(B, K, generator=g) / math.sqrt(K)).to(dev, dtype) if args.backward else None
+        xg, Wg = x.detach().requires_grad_(), W.detach().requires_grad_()
+        if args.backward:  # check the forward only (the gradient checks are tests/test_distributed.py's)
+            ref = F.linear(torch.cat(list(xs), -1).float(), W.float())
 
-        def naive():
-            dist.all_gather(parts, x)
-            return F.linear(torch.cat(parts, -1), W)
+            def naive():
+                from torch.distributed.nn.functional import all_gather as autograd_all_gather
 
-        def naive_compute():
-            return F.linear(torch.cat(parts, -1), W)
+                y = F.linear(torch.cat(autograd_all_gather(xg), -1), Wg)
+                torch.autograd.grad(y, (xg, Wg), gy)
+                return y
 
-        ref = F.linear(torch.cat(list(xs), -1).float(), W.float())
-        plan = vd.plan_all_gather_linear(R, B, H, K, dtype, device_type=dev.type)
-        rows = [("naive", naive, naive_compute, None)]
+            rows = [("naive", naive, None, None)]
+        else:
+            ref = F.linear(torch.cat(list(xs), -1).float(), W.float())
+
+            def naive():
+                dist.all_gather(parts, x)
+                return F.linear(torch.cat(parts, -1), W)
+
+            def naive_compute():
+                return F.linear(torch.cat(parts, -1), W)
+
+            rows = [("naive", naive, naive_compute, None)]
         if symm is not None:
             wt = W.t()
 
@@ -423,53 +457,89 @@ def run_real(args):
 
             rows.append(("symm_mem", symm_fn, lambda: torch.mm(torch.cat(parts, -1), wt), None))
         row_cs = sorted({1, plan.chunks if plan.strategy == "row_parallel" else 1,
-                         vd.plan_all_gather_linear(R, B, H, K, dtype, device_type=dev.type, strategy="row_parallel").chunks})
-        gat_cs = sorted({1, vd.plan_all_gather_linear(R, B, H, K, dtype, device_type=dev.type, strategy="gather").chunks})
+                         vd.plan_all_gather_linear(R, B, H, K, dtype, strategy="row_parallel", **plan_kw).chunks})
+        gat_cs = sorted({1, plan.chunks if plan.strategy == "gather" else 1,
+                         vd.plan_all_gather_linear(R, B, H, K, dtype, strategy="gather", **plan_kw).chunks})
         for strat, cs in (("gather", gat_cs), ("row_parallel", row_cs)):
             for C in cs:
-                def fn(strat=strat, C=C):
-                    return vd.all_gather_linear(x, W, None, group, strategy=strat, chunks=C)
+                if args.backward:
+                    def fn(strat=strat, C=C):
+                        y = vd.all_gather_linear(xg, Wg, None, group, strategy=strat, chunks=C, grad_mode="sum")
+                        torch.autograd.grad(y, (xg, Wg), gy)
+                        return y
 
-                if strat == "gather":
-                    def comp(C=C):
-                        return strategies.gather_forward(x, W, None, group, R, C, comm=NO_COMM)[0]
+                    comp = None
                 else:
-                    def comp(C=C):
-                        return strategies.row_parallel_forward(x, W, None, group, R, rank, C, False, True, comm=NO_COMM)
+                    def fn(strat=strat, C=C):
+                        return vd.all_gather_linear(x, W, None, group, strategy=strat, chunks=C)
 
-                est = vd.plan_all_gather_linear(R, B, H, K, dtype, device_type=dev.type, strategy=strat, chunks=C)
-                rows.append((f"{'gather' if strat == 'gather' else 'row'}/{C}", fn, comp, est.chosen.forward_s))
-        rows.append(("auto", lambda: vd.all_gather_linear(x, W, None, group), None, plan.chosen.forward_s))
+                    if strat == "gather":
+                        def comp(C=C):
+                            return strategies.gather_forward(x, W, None, group, R, C, comm=NO_COMM)[0]
+                    else:
+                        def comp(C=C):
+                            return strategies.row_parallel_forward(x, W, None, group, R, rank, C, False, True,
+                                                                   comm=NO_COMM)
+
+                est = vd.plan_all_gather_linear(R, B, H, K, dtype, strategy=strat, chunks=C, **plan_kw)
+                model = est.chosen.total_s if args.backward else est.chosen.forward_s
+                rows.append((f"{'gather' if strat == 'gather' else 'row'}/{C}", fn, comp, model))
+        sim = {}
+        if kt is not None and rank == 0:
+            for C in sorted(set(gat_cs) | set(row_cs)):
+                sim.update(simulate_one(kt, cm, R, B, H, K, dtype, chunks=C)[0])
         times = {}
-        with torch.no_grad():
-            for label, fn, comp, model in rows:
-                try:
+        for label, fn, comp, model in rows:
+            try:
+                with torch.enable_grad() if args.backward else torch.no_grad():
                     out = fn()
-                    err = (out.float() - ref).abs().max().item() / max(1e-30, ref.abs().max().item())
+                    err = (out.detach().float() - ref).abs().max().item() / max(1e-30, ref.abs().max().item())
                     t = bench(fn)
                     tc = bench(comp) if comp is not None else float("nan")
-                except Exception as e:  # noqa: BLE001
-                    if rank == 0:
-                        print(f"{name:<14}{label:<12} failed: {type(e).__name__}: {str(e)[:200]}")
-                    continue
-                times[label] = t
-                results.append({"shape": name, "R": R, "B": B, "H": H, "K": K, "dtype": dts, "row": label,
-                                "us": t * 1e6, "compute_us": tc * 1e6, "exposed_us": (t - tc) * 1e6,
-                                "model_us": None if model is None else model * 1e6, "rel_err": err})
+            except Exception as e:  # noqa: BLE001
                 if rank == 0:
-                    sp_n = times["naive"] / t if "naive" in times else float("nan")
-                    sp_s = times["symm_mem"] / t if "symm_mem" in times else float("nan")
-                    # max error / max |ref|: twice the op's tolerance for the half types, whose
-                    # row-parallel partial sums are rounded before the reduction
-                    tol = M.tolerance_for(dts) * (2 if dtype in (torch.bfloat16, torch.float16) else 1)
-                    print(f"{name:<14}{f'{R},{B},{H},{K}':>22}{dts:>5}  {label:<12}{t * 1e6:>10.1f}{tc * 1e6:>10.1f}"
-                          f"{(t - tc) * 1e6:>10.1f}{sp_n:>9.2f}{sp_s:>8.2f}"
-                          f"{'' if model is None else f'{model * 1e6:.1f}':>10}  {'ok' if err <= tol else f'ERR {err:.1e}'}")
-        if rank == 0:
-            print(f"{'':<14}auto plan: {plan.strategy}/{plan.chunks} -- {plan.reason}")
+                    print(f"{name:<14}{label:<12} failed: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            times[label] = t
+            sim_us = sim[label][0] * 1e6 if label in sim else None
+            results.append({"shape": name, "R": R, "B": B, "H": H, "K": K, "dtype": dts, "row": label,
+                            "backward": args.backward, "us": t * 1e6, "compute_us": tc * 1e6,
+                            "exposed_us": (t - tc) * 1e6, "model_us": None if model is None else model * 1e6,
+                            "sim_us": sim_us, "rel_err": err})
+            if rank == 0:
+                sp_n = times["naive"] / t if "naive" in times else float("nan")
+                sp_s = times["symm_mem"] / t if "symm_mem" in times else float("nan")
+                # max error / max |ref|: twice the op's tolerance for the half types, whose
+                # row-parallel partial sums are rounded before the reduction
+                tol = M.tolerance_for(dts) * (2 if dtype in (torch.bfloat16, torch.float16) else 1)
+                print(f"{name:<14}{f'{R},{B},{H},{K}':>22}{dts:>5}  {label:<12}{t * 1e6:>10.1f}{tc * 1e6:>10.1f}"
+                      f"{(t - tc) * 1e6:>10.1f}{sp_n:>9.2f}{sp_s:>8.2f}"
+                      f"{'' if model is None else f'{model * 1e6:.1f}':>10}"
+                      f"{'' if sim_us is None else f'{sim_us:.1f}':>9}  {'ok' if err <= tol else f'ERR {err:.1e}'}")
+        # auto is the planner's (strategy, chunks): its time is that row's, measured above
+        ours = {k: v for k, v in times.items() if k.startswith(("gather/", "row/"))}
+        auto_key = f"{'gather' if plan.strategy == 'gather' else 'row'}/{plan.chunks}"
+        if ours and auto_key in ours:
+            best = min(ours, key=ours.get)
+            entry = {"shape": name, "R": R, "backward": args.backward, "auto": auto_key, "best": best,
+                     "auto_over_best": ours[auto_key] / ours[best], "best_us": ours[best] * 1e6,
+                     "naive_over_best": times.get("naive", float("nan")) / ours[best],
+                     "symm_mem_over_best": times.get("symm_mem", float("nan")) / ours[best]}
+            summary.append(entry)
+            if rank == 0:
+                print(f"{'':<14}auto plan: {auto_key} -- {plan.reason}")
+                print(f"{'':<14}measured fastest of ours: {best} {ours[best] * 1e6:.1f} us; auto/fastest "
+                      f"{entry['auto_over_best']:.3f}; naive/fastest {entry['naive_over_best']:.2f}; "
+                      f"symm_mem/fastest {entry['symm_mem_over_best']:.2f}")
+    if rank == 0 and summary:
+        hits = sum(e["auto_over_best"] <= 1.05 for e in summary)
+        print(f"auto within 5% of the measured fastest of ours on {hits}/{len(summary)} shapes")
     if rank == 0:
-        harness.write_json(args.json, {"mode": "measured", "world": R, "backend": backend, "rows": results,
-                                       "meta": harness.environment(dev.type)})
+        harness.write_json(args.json, {"mode": "measured", "world": R, "backend": backend, "backward": args.backward,
+                                       "cost_model": {"link_bw": cm.link_bw, "coll_latency": cm.coll_latency,
+                                                      "mem_bw": cm.mem_bw, "gemm_flops": dict(cm.gemm_flops),
+                                                      "source": cm.source},
+                                       "rows": results, "summary": summary, "meta": harness.environment(dev.type)})
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -486,6 +556,9 @@ def main(argv=None):
     ap.add_argument("--cpu", action="store_true", help="real run: gloo on CPU even when GPUs are present")
     ap.add_argument("--calibrate", action="store_true", help="real run: measure the cost model first (collective)")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names")
+    ap.add_argument("--suite", choices=("anchors", "train"), default="anchors",
+                    help="real run: bench.py's anchor shapes or the TP training layers (TRAIN_SHAPES)")
+    ap.add_argument("--backward", action="store_true", help="real run: time forward + backward")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the rows as JSON")

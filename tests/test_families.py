@@ -134,3 +134,31 @@ def test_more_than_2_pow_31_elements():
     rows = torch.cat([torch.arange(0, 64), torch.arange(B - 4096, B)]).cuda()
     assert_close_to_float64(out[rows], x[:, rows], w, b)
     assert not out.isnan().any()
+
+
+TWO_GPUS = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs in one process"
+)
+
+
+@pytest.mark.cuda
+@TWO_GPUS
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_on_a_second_gpu_in_the_same_process(family):
+    # The launchers keep per-device state (the shared-memory opt-in, resident-cluster counts):
+    # a family used on cuda:0 first must still opt in and size its grid on cuda:1, while the
+    # current device stays cuda:0.
+    accepted = {"cuda:0": 0, "cuda:1": 0}
+    for device in ("cuda:0", "cuda:1"):
+        for dtype in (torch.float32, torch.bfloat16):
+            for R, batch, H, K in [(4, (12,), 32, 56), (8, (64,), 1024, 520), (32, (200,), 128, 520),
+                                   (2, (2050,), 64, 2312)]:
+                x = make_x(R, batch, H, dtype, device)
+                w, b = make_params(R, H, K, dtype, device)
+                out, _ = _family_refuses(x, w, b, family)
+                if out is None:
+                    continue
+                assert out.device == torch.device(device) and torch.cuda.current_device() == 0
+                assert_close_to_float64(out, x, w, b)
+                accepted[device] += 1
+    assert accepted["cuda:0"] == accepted["cuda:1"] > 0, accepted

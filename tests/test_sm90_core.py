@@ -223,3 +223,21 @@ def test_fp32_backward_picks_3xtf32_on_hopper():
     g = torch.randn(256, 128, device="cuda")
     auto = torch.ops.vga.gather_concat_linear_grad_weight(g, x)
     assert torch.equal(auto, torch.ops.vga._gather_concat_linear_grad_weight_family(g, x, "sm90_tf32x3"))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs in one process")
+@pytest.mark.parametrize("config", ["sm90_gemm/n128/c2", "sm90_gemm/n64/c4", "sm90_gemm/n128/c8",
+                                    "sm90_gemm/n128/s3", "sm90_tf32x3"])
+def test_backward_on_a_second_gpu_in_the_same_process(config):
+    # The resident-cluster counts and the shared-memory opt-in are per device: cuda:0 first, then
+    # cuda:1 with the current device left at cuda:0.
+    R, batch, H, K = 5, (128,), 192, 600
+    dtype = torch.float32 if config == "sm90_tf32x3" else torch.bfloat16
+    for device in ("cuda:0", "cuda:1"):
+        x = make_x(R, batch, H, dtype, device)
+        w, _ = make_params(R, H, K, dtype, device, bias=False)
+        grad_out = torch.randn((*batch, K), dtype=dtype, device=device)
+        ref_x, ref_w = _reference_grads(grad_out, x, w)
+        for got, ref in ((_grad_x(grad_out, w, R, config), ref_x), (_grad_weight(grad_out, x, config), ref_w)):
+            assert got.device == torch.device(device) and torch.cuda.current_device() == 0
+            _assert_close_scaled(got, ref, dtype)
