@@ -10,6 +10,7 @@ JSON; the collectives are issued identically on every rank whether a check passe
 so a wrong value never desynchronises the group.
 """
 
+import faulthandler
 import json
 import math
 import os
@@ -50,7 +51,8 @@ def _launch(world: int, suite: str, backend: str = "gloo", device: str = "cpu", 
             procs.append(
                 (
                     subprocess.Popen(
-                        [sys.executable, __file__, "--worker", suite, str(world), str(rank), tmp, backend, device],
+                        [sys.executable, __file__, "--worker", suite, str(world), str(rank), tmp, backend, device,
+                         str(deadline)],
                         cwd=str(REPO), env=env, stdout=out, stderr=subprocess.STDOUT,
                     ),
                     out,
@@ -64,16 +66,22 @@ def _launch(world: int, suite: str, backend: str = "gloo", device: str = "cpu", 
             except subprocess.TimeoutExpired:
                 timed_out = True
                 break
+        unkillable = []
         if timed_out:
-            for p, _ in procs:
+            for rank, (p, _) in enumerate(procs):
                 if p.poll() is None:
                     p.kill()
-                    p.wait()
+                    try:
+                        p.wait(timeout=30)
+                    except subprocess.TimeoutExpired:  # stuck in the driver: report it, don't hang the suite
+                        unkillable.append(rank)
         for _, out in procs:
             out.close()
         logs = [Path(tmp, f"log{r}.txt").read_text()[-4000:] for r in range(world)]
         if timed_out:
-            pytest.fail(f"{suite} at world size {world} passed the {deadline:.0f} s deadline; logs:\n" + "\n".join(logs))
+            stuck = f" (ranks {unkillable} survived SIGKILL)" if unkillable else ""
+            pytest.fail(f"{suite} at world size {world} passed the {deadline:.0f} s deadline{stuck}; logs (each rank's "
+                        "stacks were dumped 10 s before it):\n" + "\n".join(logs))
         reports = []
         for rank, (p, _) in enumerate(procs):
             path = Path(tmp, f"report{rank}.json")
@@ -570,8 +578,10 @@ def g_rows(rows):
 
 
 def _worker(argv):
-    suite, world, rank, tmp, backend, device = argv
+    suite, world, rank, tmp, backend, device, deadline = argv
     world, rank = int(world), int(rank)
+    # Where a rank is stuck, if it is: every thread's stack in its log shortly before the launcher kills it.
+    faulthandler.dump_traceback_later(max(1.0, float(deadline) - 10.0), exit=False)
     import torch.distributed as dist
 
     torch.set_num_threads(1)

@@ -39,7 +39,12 @@ case "$mode" in
     note "wheel $(basename "$whl") ($(stat -c %s "$whl") bytes)"
     venv=/tmp/vga-wheel-venv
     rm -rf "$venv" /tmp/vga-wheel-tests
-    python3 -m venv --system-site-packages "$venv"
+    python3 -m venv "$venv"
+    # python3 there is itself a venv holding torch: --system-site-packages would reach the base
+    # interpreter's packages, not that venv's. A .pth puts python3's site-packages folders behind the
+    # fresh venv's, so the wheel installs beside the preinstalled torch without reinstalling it.
+    python3 -c 'import sys; print("\n".join(p for p in sys.path if p.endswith("-packages")))' \
+      >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/preinstalled_torch.pth"
     step install "$venv/bin/python" -m pip install --no-deps --no-index "$whl" || rc=1
     # The repo without its package: tests, benchmarks, csrc (read by one test), pyproject (pytest config).
     mkdir -p /tmp/vga-wheel-tests
