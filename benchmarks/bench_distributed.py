@@ -84,10 +84,10 @@ def _vd():
     return vd
 
 
-def pipeline_time(comm, comp, comm_first):
+def pipeline_time(comm, comp, comm_first, overlap_cost=0.0):
     from vga_linear.distributed.planner import pipeline_time
 
-    return pipeline_time(comm, comp, comm_first)
+    return pipeline_time(comm, comp, comm_first, overlap_cost)
 
 
 class _Done:
@@ -217,13 +217,13 @@ def simulate_one(kt: KernelTimes, cm, R, B, H, K, dtype, chunks=None):
         sizes = [b1 - b0 for b0, b1 in vd.chunk_bounds(B, C)]
         g_comm = [cm.t_all_gather(R * bc * H * s, R) for bc in sizes]
         g_comp = [kt.op(R, bc, H, K, dtype) + (kt.copy(bc * K * s) if len(sizes) > 1 else 0.0) for bc in sizes]
-        t = pipeline_time(g_comm, g_comp, comm_first=True)
+        t = pipeline_time(g_comm, g_comp, True, cm.overlap_cost)
         res[f"gather/{C}"] = (t, sum(g_comp))
         if "gather" not in best or t < res[best["gather"]][0]:
             best["gather"] = f"gather/{C}"
         r_comp = [kt.mm(bc, K, H, dtype, strided_cols=R) for bc in sizes]
         r_comm = [cm.t_all_reduce(bc * K * s, R) for bc in sizes]
-        t = pipeline_time(r_comm, r_comp, comm_first=False)
+        t = pipeline_time(r_comm, r_comp, False, cm.overlap_cost)
         res[f"row/{C}"] = (t, sum(r_comp))
         if "row" not in best or t < res[best["row"]][0]:
             best["row"] = f"row/{C}"
@@ -231,27 +231,30 @@ def simulate_one(kt: KernelTimes, cm, R, B, H, K, dtype, chunks=None):
     # link (copy engine) while shard i-1 is multiplied and accumulated into the output
     p2p = [0.0] + [cm.coll_latency / 2 + B * H * s / cm.link_bw for _ in range(R - 1)]
     sm_comp = [kt.mm(B, K, H, dtype)] + [kt.addmm(B, K, H, dtype) for _ in range(R - 1)]
-    t = cm.coll_latency + pipeline_time(p2p, sm_comp, comm_first=True)
+    t = cm.coll_latency + pipeline_time(p2p, sm_comp, True, cm.overlap_cost)
     res["symm_mem"] = (t, sum(sm_comp))
     return res, best
 
 
 def run_simulate(args):
     vd = _vd()
-    cm = vd.default_cost_model("cuda").replace(
-        link_bw=args.link_gbps * 1e9, coll_latency=args.latency_us * 1e-6,
-        source=f"H200 defaults, link {args.link_gbps:g} GB/s, {args.latency_us:g} us/collective",
-    )
+    cm = vd.default_cost_model("cuda")
+    if args.link_gbps is not None or args.latency_us is not None:
+        link = cm.link_bw if args.link_gbps is None else args.link_gbps * 1e9
+        lat = cm.coll_latency if args.latency_us is None else args.latency_us * 1e-6
+        cm = cm.replace(link_bw=link, coll_latency=lat, allreduce_latency=None if args.latency_us is not None
+                        else cm.allreduce_latency, source=f"{cm.source}; link {link / 1e9:g} GB/s, {lat * 1e6:g} us/collective")
     if args.tflops_bf16:
         cm = cm.replace(gemm_flops={"bf16": args.tflops_bf16 * 1e12, "fp16": args.tflops_bf16 * 1e12})
     kt = KernelTimes(cm, measure=not args.no_measure, iters=args.iters)
     worlds = [int(w) for w in args.world.split(",")]
     print("=" * 118)
     print("MODEL, not a measurement.  Predicted forward timelines of all_gather_linear on R GPUs.")
-    print(f"  link: {args.link_gbps:g} GB/s per direction per GPU (assumed NVLink 4 on H200 SXM; override --link-gbps),"
-          f" ring collectives, {args.latency_us:g} us per collective")
+    ar = 2 * cm.coll_latency if cm.allreduce_latency is None else cm.allreduce_latency
+    print(f"  link: {cm.link_bw / 1e9:g} GB/s per direction per GPU (--link-gbps), ring collectives, "
+          f"{cm.coll_latency * 1e6:g} us per all_gather (--latency-us), {ar * 1e6:g} us per all_reduce; {cm.source}")
     print(f"  {kt.source}")
-    print("  comm/compute overlap assumed perfect (no SM contention between NCCL and the GEMM); x_local is (B, IN/R)")
+    print(f"  overlapped communication still costs {cm.overlap_cost:g} of itself (NCCL beside the GEMM); x_local is (B, IN/R)")
     print("  columns: predicted us; gather/C* and row/C* are the best chunk counts; speedups are naive/best-of-ours and"
           " symm_mem/best-of-ours")
     print("=" * 118)
@@ -311,8 +314,8 @@ def run_simulate(args):
             print(f"{name:<14}{f'{R},{B},{H},{K}':>22}{f'{pf.strategy}/{pf.chunks}':>16}{f'{pt.strategy}/{pt.chunks}':>16}"
                   f"   {by['gather'] / 1e6:.3g} MB vs {by['row_parallel'] / 1e6:.3g} MB")
     harness.write_json(args.json, {
-        "mode": "simulate", "model_not_measurement": True, "link_gbps": args.link_gbps,
-        "latency_us": args.latency_us, "kernel_source": kt.source, "rows": rows,
+        "mode": "simulate", "model_not_measurement": True, "link_gbps": cm.link_bw / 1e9,
+        "latency_us": cm.coll_latency * 1e6, "kernel_source": kt.source, "rows": rows,
         "meta": harness.environment("cuda" if kt.measure else "cpu"),
     })
     return 0
@@ -548,8 +551,9 @@ def run_real(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--simulate", action="store_true", help="predict the timelines (a model) instead of running")
-    ap.add_argument("--link-gbps", type=float, default=450.0, help="simulate: link GB/s per direction (NVLink 4: 450)")
-    ap.add_argument("--latency-us", type=float, default=10.0, help="simulate: fixed cost per collective")
+    ap.add_argument("--link-gbps", type=float, default=None, help="simulate: link GB/s per direction (default: the cost model's)")
+    ap.add_argument("--latency-us", type=float, default=None,
+                    help="simulate: cost of an all_gather call; an all_reduce then costs twice (default: the cost model's)")
     ap.add_argument("--tflops-bf16", type=float, default=None, help="simulate: bf16/fp16 peak for the roofline model")
     ap.add_argument("--world", default="2,4,8", help="simulate: world sizes")
     ap.add_argument("--no-measure", action="store_true", help="simulate: roofline model even when a GPU is present")

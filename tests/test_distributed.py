@@ -252,7 +252,7 @@ def test_cost_model_decisions():
     with pytest.raises(ValueError):
         vd.plan_all_gather_linear(4, 64, 64, 64, bf, strategy="gather", full_weight=False, cost_model=cm)
     slow = cm.replace(link_bw=1e9)
-    fast = cm.replace(link_bw=1e15)
+    fast = cm.replace(link_bw=1e15, coll_latency=1e-6, allreduce_latency=1e-6)  # a free link: comm all but vanishes
     shape = (4, 2048, 1024, 4096)
     assert vd.plan_all_gather_linear(*shape, bf, cost_model=fast).chosen.exposed_comm_s < 1e-4
     assert vd.plan_all_gather_linear(*shape, bf, cost_model=slow).chosen.forward_s > 1e-3
@@ -261,6 +261,23 @@ def test_cost_model_decisions():
     # the pipeline never predicts worse than its slowest stage nor better than the sum when C=1
     for e in vd.plan_all_gather_linear(*shape, bf, cost_model=cm).estimates:
         assert e.forward_s >= e.compute_s - 1e-12
+
+
+def test_cost_model_collective_terms():
+    """An all_reduce pays its own latency (two ring phases' worth unless measured); the part of the
+    communication hidden behind compute costs overlap_cost of itself; one chunk hides nothing."""
+    import vga_linear.distributed as vd
+    from vga_linear.distributed.planner import pipeline_time
+
+    cm = vd.default_cost_model("cuda").replace(coll_latency=10e-6, allreduce_latency=None)
+    assert cm.t_all_reduce(0, 4) == pytest.approx(20e-6) and cm.t_all_gather(0, 4) == pytest.approx(10e-6)
+    assert cm.replace(allreduce_latency=13e-6).t_all_reduce(0, 4) == pytest.approx(13e-6)
+    comm, comp = [3.0, 3.0], [5.0, 5.0]
+    perfect = pipeline_time(comm, comp, comm_first=True)
+    assert perfect == 13.0  # gather 0, then compute 0 while gathering 1, then compute 1
+    hidden = sum(comm) + sum(comp) - perfect
+    assert pipeline_time(comm, comp, True, overlap_cost=0.5) == pytest.approx(perfect + 0.5 * hidden)
+    assert pipeline_time([3.0], [5.0], False, overlap_cost=0.9) == 8.0
 
 
 def test_cost_model_key():
@@ -548,7 +565,8 @@ def _suite_module(ck, vd, dist, dev, R, rank):
         got.sum().backward()
     # cost models as arguments, received from rank 0 (unpickled), dynamic=True: the compiled plan is
     # the eager plan of the model passed, an equal model reuses the graph, a different one recompiles
-    objs = [model.replace(link_bw=1e3), model.replace(link_bw=1e15)] if rank == 0 else [None, None]
+    objs = ([model.replace(link_bw=1e3), model.replace(link_bw=1e15, coll_latency=0.0, allreduce_latency=0.0)]
+            if rank == 0 else [None, None])
     dist.broadcast_object_list(objs, src=0)
     slow, fast = objs
     wd = w32.detach()
@@ -571,6 +589,15 @@ def _suite_module(ck, vd, dist, dev, R, rank):
         ck.close(f"compile cost model argument {c.link_bw:g}", ch(x32, c), want, 1e-6, 1e-6)
     want_ops = [{"gather": "ag_linear", "row_parallel": "rp_linear"}[p] for p in plans]
     ck.true(f"one graph per distinct cost model, with its plan: {seen}", seen == [{want_ops[0]}, {want_ops[1]}])
+
+    # calibrate(): every number measured, finite and positive, and the same model on every rank
+    cal = vd.calibrate(device=dev, iters=2, set_default=False)
+    numbers = [cal.link_bw, cal.coll_latency, cal.allreduce_latency, cal.mem_bw, *dict(cal.gemm_flops).values()]
+    ck.true(f"calibrated numbers positive and finite: {cal}", all(0 < v < math.inf for v in numbers))
+    ck.true(f"calibrated overlap_cost in [0, 1]: {cal.overlap_cost}", 0.0 <= cal.overlap_cost <= 1.0)
+    keys = [None] * R
+    dist.all_gather_object(keys, cal.key)
+    ck.true("calibrate gives every rank the same model", len(set(keys)) == 1)
 
 
 def g_rows(rows):

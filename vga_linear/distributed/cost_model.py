@@ -33,9 +33,12 @@ _COST_MODEL_BY_KEY: dict[str, "CostModel"] = {}  # CostModel.key -> a model with
 class CostModel:
     """Machine numbers the planner uses (all per rank).
 
-    link_bw: bytes/s of the ring (NCCL "bus bandwidth"); coll_latency: s per collective call;
-    mem_bw: bytes/s moved by a copy (read + write); gemm_flops: ((dtype key, FLOP/s), ...);
-    gemm_latency: s per GEMM launch; source: where the numbers come from.
+    link_bw: bytes/s of the ring (NCCL "bus bandwidth"); coll_latency: s per all_gather or
+    reduce_scatter call; mem_bw: bytes/s moved by a copy (read + write); gemm_flops: ((dtype key,
+    FLOP/s), ...); gemm_latency: s per GEMM launch; source: where the numbers come from;
+    allreduce_latency: s per all_reduce call (None: 2 * coll_latency, a ring all-reduce being a
+    reduce-scatter and an all-gather); overlap_cost: the fraction of the communication hidden
+    behind compute that is paid anyway (see planner.pipeline_time).
     key: (not a field) an exact string of all the fields, what torch.compile hands the planner;
     models built through ``__init__`` (also by ``replace``, copy, pickle) are registered under it.
     """
@@ -46,6 +49,8 @@ class CostModel:
     gemm_flops: tuple[tuple[str, float], ...]
     gemm_latency: float
     source: str = "defaults"
+    allreduce_latency: Optional[float] = None
+    overlap_cost: float = 0.0
 
     def __post_init__(self) -> None:
         # ``key``: an exact, hashable string of every field (repr round-trips floats), registered
@@ -55,7 +60,7 @@ class CostModel:
         # ("can't reconstruct arbitrary frozen dataclass instances") nor, with dynamic=True, keep
         # the float fields constant (they become SymFloats); a str is always a constant, and
         # guarding on it recompiles for a different model.  Equal models share a key.
-        key = repr((self.link_bw, self.coll_latency, self.mem_bw, self.gemm_flops, self.gemm_latency, self.source))
+        key = repr(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
         object.__setattr__(self, "key", key)
         _COST_MODEL_BY_KEY.setdefault(key, self)
 
@@ -90,9 +95,10 @@ class CostModel:
         return self.coll_latency + (R - 1) / R * out_bytes / self.link_bw
 
     def t_all_reduce(self, nbytes: float, R: int) -> float:
+        latency = 2.0 * self.coll_latency if self.allreduce_latency is None else self.allreduce_latency
         if R <= 1:
-            return self.coll_latency
-        return self.coll_latency + 2.0 * (R - 1) / R * nbytes / self.link_bw
+            return latency
+        return latency + 2.0 * (R - 1) / R * nbytes / self.link_bw
 
     def t_reduce_scatter(self, in_bytes: float, R: int) -> float:
         if R <= 1:
@@ -101,12 +107,20 @@ class CostModel:
 
 
 _H200 = CostModel(
-    link_bw=450e9,  # NVLink 4 on H200 SXM: 900 GB/s bidirectional = 450 GB/s per direction
-    coll_latency=10e-6,
+    # Fitted to bench_distributed on 2 NVLink-connected H200s (benchmarks/results/run34-*: TP2, the
+    # anchor and training shapes, forward and fwd+bwd): the link as calibrate() measured it there
+    # (266-352 GB/s over four calls), the per-call costs of a collective issued from Python (NCCL's
+    # launch and proxy included: a tiny all_gather exposed 80-90 us, an all_reduce 110-140 us), and
+    # the share of the hidden communication that slows the GEMM beside it. calibrate() measures
+    # all of them on the user's machine.
+    link_bw=305e9,
+    coll_latency=100e-6,
     mem_bw=4.3e12,  # copy bandwidth (read + write) of an H200 as benchmarks/bench.py measures it
     gemm_flops=(("bf16", 700e12), ("fp16", 700e12), ("tf32", 350e12), ("fp32", 50e12), ("fp64", 55e12)),
     gemm_latency=4e-6,
-    source="defaults: H200 SXM, NVLink 4 450 GB/s/direction (assumed, not measured)",
+    source="defaults: 2x H200 NVLink, fitted to bench_distributed TP2 (run 34); calibrate() measures yours",
+    allreduce_latency=150e-6,
+    overlap_cost=0.3,
 )
 _CPU = CostModel(
     link_bw=2e9,  # gloo over loopback TCP, order of magnitude
@@ -175,7 +189,8 @@ def calibrate(
     iters: int = 5,
     set_default: bool = True,
 ) -> CostModel:
-    """Measure the link bandwidth, collective latency, copy bandwidth and GEMM rate; collective.
+    """Measure the link bandwidth, the all_gather and all_reduce latencies, how much of a gather
+    running beside a GEMM is hidden, the copy bandwidth and the GEMM rate; collective.
 
     Every rank of ``group`` must call it.  The slowest rank's numbers are kept (a max-reduce of the
     times), so all ranks end up with the same model and therefore the same plans.
@@ -193,6 +208,7 @@ def calibrate(
     inp = torch.randn(n, device=device).to(dtype)
     out = torch.empty(n * R, device=device, dtype=dtype)
     tiny = torch.zeros(1, device=device, dtype=dtype)
+    tiny_out = torch.empty(R, device=device, dtype=dtype)
 
     def sync():
         if device.type == "cuda":
@@ -201,26 +217,36 @@ def calibrate(
     def ag():
         collectives.all_gather(out, inp, group, async_op=False)
 
-    def ar_tiny():
-        dist.all_reduce(tiny, group=group)
-
-    dist.barrier(group=group)
-    t_lat = _timed(lambda: (ar_tiny(), sync()), device, iters)
-    t_ag = _timed(lambda: (ag(), sync()), device, iters)
     m = 4096 if device.type == "cuda" else 384
     a = torch.randn(m, m, device=device).to(dtype)
     b = torch.randn(m, m, device=device).to(dtype)
-    t_mm = _timed(lambda: torch.mm(a, b), device, iters)
+
+    def ag_beside_mm():  # the gather on NCCL's stream while the GEMM runs on this one
+        work = collectives.all_gather(out, inp, group, async_op=True)
+        torch.mm(a, b)
+        work.wait()
+
+    dist.barrier(group=group)
+    t_ag_tiny = _timed(lambda: (collectives.all_gather(tiny_out, tiny, group, async_op=False), sync()), device, 4 * iters)
+    t_ar_tiny = _timed(lambda: (dist.all_reduce(tiny, group=group), sync()), device, 4 * iters)
+    t_ag = _timed(lambda: (ag(), sync()), device, iters)
+    t_mm = _timed(lambda: torch.mm(a, b), device, iters)  # the GEMM rate
+    t_mm_sync = _timed(lambda: (torch.mm(a, b), sync()), device, iters)  # timed as t_ag and t_both are
+    t_both = _timed(lambda: (ag_beside_mm(), sync()), device, iters) if R > 1 else 0.0
     big = torch.empty(nbytes // elem, device=device, dtype=dtype)
     big2 = torch.empty_like(big)
     t_cp = _timed(lambda: big2.copy_(big), device, iters)
-    t = torch.tensor([t_lat, t_ag, t_mm, t_cp], dtype=torch.float64, device=device)
+    t = torch.tensor([t_ag_tiny, t_ar_tiny, t_ag, t_mm, t_mm_sync, t_both, t_cp], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    t_lat, t_ag, t_mm, t_cp = t.tolist()
-    link = ((R - 1) / R * out.numel() * elem / max(t_ag - t_lat, 1e-9)) if R > 1 else base.link_bw
+    t_ag_tiny, t_ar_tiny, t_ag, t_mm, t_mm_sync, t_both, t_cp = t.tolist()
+    link = ((R - 1) / R * out.numel() * elem / max(t_ag - t_ag_tiny, 1e-9)) if R > 1 else base.link_bw
+    # Of the shorter of the two, the part that the overlap did not hide: 0 = perfect, 1 = serial.
+    overlap = min(1.0, max(0.0, (t_both - max(t_ag, t_mm_sync)) / min(t_ag, t_mm_sync))) if R > 1 else base.overlap_cost
     cm = base.replace(
         link_bw=link,
-        coll_latency=t_lat,
+        coll_latency=t_ag_tiny,
+        allreduce_latency=t_ar_tiny,
+        overlap_cost=overlap,
         mem_bw=2.0 * big.numel() * elem / t_cp,
         gemm_flops={_dtype_key(dtype): 2.0 * m**3 / t_mm},
         source=f"calibrated on {device.type} (R={R}, {nbytes >> 20} MiB messages, {m}^3 {dtype} GEMM)",

@@ -80,18 +80,23 @@ class Plan:
         return "\n".join(lines)
 
 
-def pipeline_time(comm: Sequence[float], comp: Sequence[float], comm_first: bool) -> float:
-    """Finish time of a two-stage pipeline whose stages each run their items back to back."""
+def pipeline_time(comm: Sequence[float], comp: Sequence[float], comm_first: bool, overlap_cost: float = 0.0) -> float:
+    """Finish time of a two-stage pipeline whose stages each run their items back to back.
+
+    ``overlap_cost``: the fraction of the communication hidden behind compute that is paid anyway
+    (NCCL's kernels take SMs and HBM bandwidth from the GEMM running beside them); 0 is a perfect overlap.
+    """
     a = b = 0.0
     if comm_first:  # gather c, then compute c
         for g, m in zip(comm, comp):
             a += g
             b = max(b, a) + m
-        return b
-    for m, g in zip(comp, comm):  # compute c, then reduce c
-        a += m
-        b = max(b, a) + g
-    return b
+    else:
+        for m, g in zip(comp, comm):  # compute c, then reduce c
+            a += m
+            b = max(b, a) + g
+    hidden = sum(comm) + sum(comp) - b
+    return b + overlap_cost * hidden
 
 
 def _estimate_gather(cm, R, B, H, K, dtype, C, need_x, need_w, sum_mode) -> Estimate:
@@ -100,7 +105,7 @@ def _estimate_gather(cm, R, B, H, K, dtype, C, need_x, need_w, sum_mode) -> Esti
     C = len(sizes)
     comm = [cm.t_all_gather(R * bc * H * s, R) for bc in sizes]
     comp = [cm.t_gemm(bc, K, R * H, dtype) + (cm.t_copy(bc * K * s) if C > 1 else 0.0) for bc in sizes]
-    fwd = pipeline_time(comm, comp, comm_first=True)
+    fwd = pipeline_time(comm, comp, comm_first=True, overlap_cost=cm.overlap_cost)
     bwd = 0.0
     bytes_bwd = 0.0
     if need_x or need_w:
@@ -134,7 +139,7 @@ def _estimate_row_parallel(cm, R, B, H, K, dtype, C, need_x, need_w, sum_mode, s
         C = len(sizes)
         comp = [cm.t_gemm(bc, K, H, dtype) for bc in sizes]
         comm = [cm.t_all_reduce(bc * K * s, R) for bc in sizes]
-        fwd = pipeline_time(comm, comp, comm_first=False)
+        fwd = pipeline_time(comm, comp, comm_first=False, overlap_cost=cm.overlap_cost)
         comp_t = sum(comp)
         nbytes = 2.0 * (R - 1) / R * B * K * s
     bwd = 0.0
