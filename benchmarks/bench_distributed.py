@@ -428,9 +428,10 @@ def run_real(args):
                        grad_mode="sum" if args.backward else "replicated")
         plan = vd.plan_all_gather_linear(R, B, H, K, dtype, **plan_kw)
         gy = (torch.randn(B, K, generator=g) / math.sqrt(K)).to(dev, dtype) if args.backward else None
-        xg, Wg = x.detach().requires_grad_(), W.detach().requires_grad_()
-        if args.backward:  # check the forward only (the gradient checks are tests/test_distributed.py's)
-            ref = F.linear(torch.cat(list(xs), -1).float(), W.float())
+        # the forward is checked here (fwd+bwd too); the gradients are tests/test_distributed.py's
+        ref = F.linear(torch.cat(list(xs), -1).float(), W.float())
+        if args.backward:
+            xg, Wg = x.detach().requires_grad_(), W.detach().requires_grad_()
 
             def naive():
                 from torch.distributed.nn.functional import all_gather as autograd_all_gather
@@ -441,8 +442,6 @@ def run_real(args):
 
             rows = [("naive", naive, None, None)]
         else:
-            ref = F.linear(torch.cat(list(xs), -1).float(), W.float())
-
             def naive():
                 dist.all_gather(parts, x)
                 return F.linear(torch.cat(parts, -1), W)

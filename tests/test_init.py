@@ -142,8 +142,6 @@ def test_kernel_families_come_from_the_build():
     assert ops.KERNEL_FAMILIES == built
     if vga_linear.kernels_loaded():
         assert built == _dispatch_table_families()
-    elif not built:
-        assert ops.KERNEL_FAMILIES == ()
 
 
 @pytest.mark.skipif(os.environ.get("CI") != "true", reason="CI builds the extension and requires it")

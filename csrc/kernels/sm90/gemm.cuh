@@ -345,73 +345,77 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ------------------------------------------------------------------ host
 
-// The shared-memory opt-in and the number of clusters of `cluster_size` CTAs that fit at once
-// (the persistent grid's size; GPCs may leave SMs unpaired), once per device, kernel and size.
+// The launch shape of `clusters` clusters of `cluster_size` CTAs (not copyable: the config points
+// at its own attribute).
+struct ClusterLaunch {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster_shape = {};
+  ClusterLaunch(int clusters, int cluster_size, int shared_bytes, cudaStream_t stream) {
+    cluster_shape.id = cudaLaunchAttributeClusterDimension;
+    cluster_shape.val.clusterDim.x = cluster_size;
+    cluster_shape.val.clusterDim.y = 1;
+    cluster_shape.val.clusterDim.z = 1;
+    config.gridDim = dim3(clusters * cluster_size);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    config.attrs = &cluster_shape;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// One kernel's shared-memory opt-in on the current device, and how many clusters of
+// `cluster_size` of its CTAs fit at once (GPCs may leave SMs unpaired).
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
-int resident_clusters(int32_t device_index, int cluster_size) {
-  constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices][3] = {};  // [device][log2 of the cluster size - 1]; 0: not yet asked
-  STD_TORCH_CHECK(device_index >= 0 && device_index < kMaxDevices, "vga sm90_gemm: device index ", device_index,
-                  " out of range");
-  const int slot = cluster_size == 2 ? 0 : cluster_size == 4 ? 1 : 2;
-  if (cache[device_index][slot] > 0) return cache[device_index][slot];
+int max_active_clusters(int cluster_size) {
   using Tile = TileShape<kBlockN>;
   auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster>;
   cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   STD_TORCH_CHECK(status == cudaSuccess, "vga sm90_gemm: cannot reserve ", Tile::kSharedBytes,
                   " bytes of shared memory: ", cudaGetErrorString(status));
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster_shape;
-  cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = cluster_size;
-  cluster_shape.val.clusterDim.y = 1;
-  cluster_shape.val.clusterDim.z = 1;
-  config.gridDim = dim3(cluster_size);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Tile::kSharedBytes;
-  config.attrs = &cluster_shape;
-  config.numAttrs = 1;
+  ClusterLaunch launch(1, cluster_size, Tile::kSharedBytes, nullptr);
   int clusters = 0;
-  status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
   STD_TORCH_CHECK(status == cudaSuccess && clusters > 0, "vga sm90_gemm: no cluster of ", cluster_size,
                   " CTAs fits: ", cudaGetErrorString(status));
-  cache[device_index][slot] = clusters;
   return clusters;
+}
+
+template <GemmKind kKind, typename Element, bool kInCluster>
+int max_active_clusters_of_every_width(int cluster_size) {
+  return std::min({max_active_clusters<kKind, Element, 256, kInCluster>(cluster_size),
+                   max_active_clusters<kKind, Element, 128, kInCluster>(cluster_size),
+                   max_active_clusters<kKind, Element, 64, kInCluster>(cluster_size)});
+}
+
+// The clusters of each size that fit at once (the persistent grid's size, the plan's rounds), and
+// the shared-memory opt-in of every core kernel of this kind and type: once per device (the
+// caller's device guard makes it the current one).
+template <GemmKind kKind, typename Element>
+const ResidentClusters& resident_clusters(int32_t device_index) {
+  constexpr int kMaxDevices = 64;
+  static ResidentClusters cache[kMaxDevices] = {};  // pairs == 0: not yet asked
+  STD_TORCH_CHECK(device_index >= 0 && device_index < kMaxDevices, "vga sm90_gemm: device index ", device_index,
+                  " out of range");
+  ResidentClusters& r = cache[device_index];
+  if (r.pairs == 0) {
+    ResidentClusters asked;
+    asked.of2 = max_active_clusters_of_every_width<kKind, Element, true>(2);
+    asked.of4 = max_active_clusters_of_every_width<kKind, Element, true>(4);
+    asked.of8 = max_active_clusters_of_every_width<kKind, Element, true>(8);
+    asked.pairs = max_active_clusters_of_every_width<kKind, Element, false>(2);
+    r = asked;
+  }
+  return r;
 }
 
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const CoreArgs& args, int clusters,
                         cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster_shape;
-  cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = args.cluster_size;
-  cluster_shape.val.clusterDim.y = 1;
-  cluster_shape.val.clusterDim.z = 1;
-  config.gridDim = dim3(clusters * args.cluster_size);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = TileShape<kBlockN>::kSharedBytes;
-  config.stream = stream;
-  config.attrs = &cluster_shape;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, core_gemm_kernel<kKind, Element, kBlockN, kInCluster>, a_map, b_map, args);
-}
-
-template <GemmKind kKind, typename Element, bool kInCluster>
-int resident_clusters_of_every_width(int32_t device_index, int cluster_size) {
-  return std::min({resident_clusters<kKind, Element, 256, kInCluster>(device_index, cluster_size),
-                   resident_clusters<kKind, Element, 128, kInCluster>(device_index, cluster_size),
-                   resident_clusters<kKind, Element, 64, kInCluster>(device_index, cluster_size)});
-}
-
-template <GemmKind kKind, typename Element>
-ResidentClusters resident_clusters(int32_t device_index) {
-  ResidentClusters r;
-  r.pairs = resident_clusters_of_every_width<kKind, Element, false>(device_index, 2);
-  r.of2 = resident_clusters_of_every_width<kKind, Element, true>(device_index, 2);
-  r.of4 = resident_clusters_of_every_width<kKind, Element, true>(device_index, 4);
-  r.of8 = resident_clusters_of_every_width<kKind, Element, true>(device_index, 8);
-  return r;
+  ClusterLaunch launch(clusters, args.cluster_size, TileShape<kBlockN>::kSharedBytes, stream);
+  cudaLaunchKernelEx(&launch.config, core_gemm_kernel<kKind, Element, kBlockN, kInCluster>, a_map, b_map, args);
 }
 
 // Plans, fills the tile counts of `args` (whose out, out_ld, bias and a_4d the family set),
@@ -420,7 +424,7 @@ ResidentClusters resident_clusters(int32_t device_index) {
 template <GemmKind kKind, typename Element, typename BMapFor>
 void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, BMapFor&& b_map_for,
               const WorkspaceRequest& workspace, ForcedConfig forced, int32_t device_index, cudaStream_t stream) {
-  const ResidentClusters resident = resident_clusters<kKind, Element>(device_index);
+  const ResidentClusters& resident = resident_clusters<kKind, Element>(device_index);
   const CorePlan plan = choose_plan(shape, resident, forced);
   const int64_t rows = shape.m_outer * shape.m_inner;
   args.m_inner = static_cast<int>(shape.m_inner);

@@ -199,9 +199,6 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   CorePlan best{forced.block_n != 0 ? forced.block_n : 256, 1, static_cast<int>(s.kblocks), false};
   double best_cost = 1e300;
   auto consider = [&](const CorePlan& plan) {
-    if (forced.block_n != 0 && plan.block_n != forced.block_n) return;
-    if (forced_splits != 0 && (plan.in_cluster || plan.splits != forced_splits)) return;
-    if (forced.cluster_splits != 0 && (!plan.in_cluster || plan.splits != forced.cluster_splits)) return;
     const double cost = plan_cost(s, plan, resident);
     if (cost < best_cost * 0.97) {  // a rival must win by 3% to displace the simpler plan
       best_cost = cost;
@@ -210,24 +207,24 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   };
   for (int block_n : {256, 128, 64}) {
     if (forced.block_n != 0 && block_n != forced.block_n) continue;
+    if (forced_splits != 0) {  // its slices are ceil(kblocks / forced_splits) long, whatever their length
+      consider({block_n, forced_splits, static_cast<int>(ceil_div(s.kblocks, forced_splits)), false});
+      continue;
+    }
     for (int splits = 1; splits <= 64 && forced.cluster_splits == 0; ++splits) {
       const int64_t per_split = ceil_div(s.kblocks, splits);
-      // A slice shorter than the ring does not pay for its partials, unless forced; slices only
-      // get shorter from here.
-      if (per_split < 4 && splits > 1 && splits > forced_splits) break;
-      if (ceil_div(s.kblocks, per_split) != splits || (per_split < 4 && splits > 1 && splits != forced_splits)) continue;
-      consider({block_n, splits, static_cast<int>(per_split), false});
+      // A slice shorter than the ring does not pay for its partials; slices only get shorter from here.
+      if (per_split < 4 && splits > 1) break;
+      if (ceil_div(s.kblocks, per_split) == splits) consider({block_n, splits, static_cast<int>(per_split), false});
     }
-    if (forced_splits != 0) continue;
     const int64_t tiles = s.m_outer * ceil_div(s.m_inner, kBlockM) * s.n_groups * ceil_div(s.n_group_width, block_n);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(s.kblocks, slices);
-      const bool forced_here = forced.cluster_splits == slices;
       // The rule gives every CTA of the cluster a slice, in one round (plan_cost's note); forced, the
       // last slices may sum zero tiles and the clusters may take several rounds.
-      if (!forced_here && (per_split * (slices - 1) >= s.kblocks || tiles > resident.of(slices)))
-        continue;
-      consider({block_n, slices, static_cast<int>(per_split), true});
+      const bool skip = forced.cluster_splits != 0 ? forced.cluster_splits != slices
+                                                   : per_split * (slices - 1) >= s.kblocks || tiles > resident.of(slices);
+      if (!skip) consider({block_n, slices, static_cast<int>(per_split), true});
     }
   }
   return best;
