@@ -15,7 +15,8 @@ HALF_TYPES = [torch.bfloat16, torch.float16]
 # Tile width and split forced, and the rule's own choice.
 # Splits across the grid (s: workspace + a second launch) and in the cluster (c: a DSMEM sum; c8 on
 # the short reductions below leaves slices empty, which must add zeros).
-CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n256", "sm90_gemm/n128/s3", "sm90_gemm/n256/s2",
+CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm90_gemm/n256", "sm90_gemm/n128/s3",
+           "sm90_gemm/n256/s2", "sm90_gemm/n192/s2", "sm90_gemm/n192/c2",
            "sm90_gemm/n64/s5", "sm90_gemm/n128/s16", "sm90_gemm/n128/c2", "sm90_gemm/n256/c4", "sm90_gemm/n64/c4",
            "sm90_gemm/n128/c8"]
 # (R, batch, H, K): tails in rows (not a multiple of 128 or 64), K (not a multiple of 64, 128, 256),

@@ -44,6 +44,7 @@ inline void sm90_grad_input(const GradInputProblem& p, cudaStream_t stream) {
   shape.n_group_width = p.columns();
   shape.kblocks = ceil_div(p.out_features, kBlockK);
   shape.kblocks_per_group = shape.kblocks;
+  shape.k_group_width = p.out_features;
   CoreArgs args{};
   args.out = p.grad_x;
   args.out_ld = p.columns();
@@ -90,6 +91,7 @@ inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
   shape.n_group_width = span_shards ? p.reduction() : p.shard_width;
   shape.kblocks_per_group = ceil_div(rows.inner, kBlockK);
   shape.kblocks = rows.outer * shape.kblocks_per_group;
+  shape.k_group_width = rows.inner;
   CoreArgs args{};
   args.out = g.grad_weight;
   args.out_ld = p.reduction();

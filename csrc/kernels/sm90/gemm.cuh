@@ -8,12 +8,14 @@
 //   kGradWeight   K x R*H, over rows      grad_out, MN-major: (K, rows) x, MN-major: (H, rows, R)
 //
 // Tiling: 128 x kBlockN output tiles (kBlockN = 256: highest operand reuse that fits the
-// registers, for outputs with waves of tiles; 128 and 64: two and four times the tiles, for the
-// outputs whose wider tiles leave SMs idle: 100-1024 rows, K or R*H <= ~1500, as cuBLAS picks its
-// 128 x 64 tiles there), k-blocks of 64 elements (one 128-byte swizzle row). Warpgroup 0 is the
+// registers, for outputs with waves of tiles; 192: 4/3 the tiles, for outputs whose 256-wide
+// tiles fill the last round badly (1.2 rounds of them are 2 rounds) at almost the same reuse; 128
+// and 64: two and four times the tiles, for the outputs whose wider tiles leave SMs idle: 100-1024
+// rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there), k-blocks of 64 elements (one
+// 128-byte swizzle row; a group's last k-block runs only the k steps that hold data). Warpgroup 0 is the
 // producer (one thread issues TMA), warpgroups 1-2 each own 64 rows of the tile (one m64nNk16
-// wgmma chain, N / 2 fp32 accumulators a thread). As many stages as fit in 227 KB (4 at 256, 7 at
-// 128, 8 at 64) form a full/empty mbarrier ring. CTAs run in clusters of 2: along M, both tiles of
+// wgmma chain, N / 2 fp32 accumulators a thread). As many stages as fit in 227 KB (4 at 256, 5 at 192,
+// 7 at 128, 8 at 64) form a full/empty mbarrier ring. CTAs run in clusters of 2: along M, both tiles of
 // a cluster use the same B panel, each CTA loads half of it and multicasts it to both (L2 -> SM
 // traffic per tile 48 -> 32 KB a k-block at 256, where the unshared panel would need ~9 TB/s of
 // L2 bandwidth); along N (one or an odd number of row tiles, and always at 64 wide, where A is the
@@ -55,7 +57,7 @@ struct TileShape {
       std::min(8, (kSharedBudget - kSwizzleAlignment - 16 * int(sizeof(uint64_t)) - kBiasBytes) / kStageBytes);
   static constexpr int kSharedBytes =
       kSwizzleAlignment + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t)) + kBiasBytes;
-  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "wgmma N of the core");
+  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256, "wgmma N of the core");
   static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
   static_assert(PartialTile<kBlockN>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
 };
@@ -158,7 +160,9 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
       load_a(1, false);
     }
 #pragma unroll
-    for (int i = 0; i < kBParts / kClusterM; ++i) load_b(rank * (kBParts / kClusterM) + i, true);
+    for (int part = 0; part < kBParts; ++part) {  // parts rank, rank + kClusterM, ... (3 of 192 columns: 2 and 1)
+      if (part % kClusterM == rank) load_b(part, true);
+    }
   } else {
     __trap();  // one MN-major box is not split between the pair: such tiles pair columns (schedule.cuh)
   }
@@ -198,6 +202,23 @@ __device__ __forceinline__ uint64_t b_descriptor(const uint8_t* b_tile) {
 template <int kTrans>
 __host__ __device__ constexpr uint64_t descriptor_step() {
   return kTrans ? 2048 / 16 : 32 / 16;
+}
+
+// The k steps of one k-block, one committed wgmma group. Each step count is a straight chain with
+// its own commit: a branch around single wgmmas, or a commit after the branches join, makes ptxas
+// fence and track the wgmmas apart (info C7519) and wait for the current k-block's group.
+template <int kSteps, GemmKind kKind, typename Element, int kBlockN>
+__device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t desc_a, uint64_t desc_b, bool first) {
+  constexpr int kTransA = Majorness<kKind>::kTransA;
+  constexpr int kTransB = Majorness<kKind>::kTransB;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    Wgmma<kBlockN, Element, kTransA, kTransB>::run(acc, desc_a + kk * descriptor_step<kTransA>(),
+                                                   desc_b + kk * descriptor_step<kTransB>(),
+                                                   (!first || kk != 0) ? 1u : 0u);
+  }
+  wgmma_commit_group();
 }
 
 #endif  // VGA_SM90A_DEVICE
@@ -271,8 +292,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kInCluster) cluster_sync();  // the consumers' barrier before the sum of the partial tiles
   } else {
     warpgroup_claim_registers<kConsumerRegisters>();
-    constexpr int kTransA = Majorness<kKind>::kTransA;
-    constexpr int kTransB = Majorness<kKind>::kTransB;
     const int consumer = warpgroup - 1;
     const int thread_in_wg = threadIdx.x % 128;
     const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -296,18 +315,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       int previous_stage = 0;
+      // Where the k-block lies in its group (a shard's h for the forward): the group's last k-block
+      // runs only the k steps that hold data, not its zero fill (a 64-deep k-block of an 80- or
+      // 96-wide head is 75% or 50% zeros).
+      int k_in_group = (c.kb_begin % args.kblocks_per_group) * kBlockK;
       for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
+        const int k_left = args.k_group_width - k_in_group;
+        const int k_steps = k_left < kBlockK ? (k_left + 15) / 16 : kBlockK / 16;
+        k_in_group = k_left <= kBlockK ? 0 : k_in_group + kBlockK;
         mbarrier_wait(&full[stage], phase);
         const uint64_t desc_a = a_descriptor<kKind>(a_tiles + stage * Tile::kATileBytes, consumer);
         const uint64_t desc_b = b_descriptor<kKind>(b_tiles + stage * Tile::kBTileBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockK / 16; ++kk) {
-          Wgmma<kBlockN, Element, kTransA, kTransB>::run(acc, desc_a + kk * descriptor_step<kTransA>(),
-                                                         desc_b + kk * descriptor_step<kTransB>(),
-                                                         (kb != c.kb_begin || kk != 0) ? 1u : 0u);
+        const bool first = kb == c.kb_begin;
+        if (k_steps == 4) {
+          mma_kblock<4, kKind, Element, kBlockN>(acc, desc_a, desc_b, first);
+        } else if (k_steps == 3) {
+          mma_kblock<3, kKind, Element, kBlockN>(acc, desc_a, desc_b, first);
+        } else if (k_steps == 2) {
+          mma_kblock<2, kKind, Element, kBlockN>(acc, desc_a, desc_b, first);
+        } else {
+          mma_kblock<1, kKind, Element, kBlockN>(acc, desc_a, desc_b, first);
         }
-        wgmma_commit_group();
         wgmma_wait_group<1>();
         if (kb > c.kb_begin && warp_leader) release_stage<kInCluster>(&empty[previous_stage]);
         previous_stage = stage;
@@ -386,6 +414,7 @@ int max_active_clusters(int cluster_size) {
 template <GemmKind kKind, typename Element, bool kInCluster>
 int max_active_clusters_of_every_width(int cluster_size) {
   return std::min({max_active_clusters<kKind, Element, 256, kInCluster>(cluster_size),
+                   max_active_clusters<kKind, Element, 192, kInCluster>(cluster_size),
                    max_active_clusters<kKind, Element, 128, kInCluster>(cluster_size),
                    max_active_clusters<kKind, Element, 64, kInCluster>(cluster_size)});
 }
@@ -435,6 +464,7 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
   args.n_tiles = static_cast<int>(shape.n_groups) * args.n_group_tiles;
   args.kblocks = static_cast<int>(shape.kblocks);
   args.kblocks_per_group = static_cast<int>(shape.kblocks_per_group);
+  args.k_group_width = static_cast<int>(shape.k_group_width);
   args.kblocks_per_split = plan.kblocks_per_split;
   args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;
   args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n) ? 1 : 0;
@@ -464,6 +494,9 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
   const int clusters = plan.in_cluster ? args.num_cluster_tiles : std::min(args.num_cluster_tiles, resident.pairs);
   if (plan.block_n == 256) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 256, true> : launch_core_kernel<kKind, Element, 256, false>)(
+        a_map, b_map, args, clusters, stream);
+  } else if (plan.block_n == 192) {
+    (plan.in_cluster ? launch_core_kernel<kKind, Element, 192, true> : launch_core_kernel<kKind, Element, 192, false>)(
         a_map, b_map, args, clusters, stream);
   } else if (plan.block_n == 128) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 128, true> : launch_core_kernel<kKind, Element, 128, false>)(

@@ -1,5 +1,5 @@
 // Hopper (sm_90a) building blocks as raw PTX: mbarriers, TMA bulk tensor loads, wgmma
-// shared-memory descriptors (K-major and MN-major, 128-byte swizzle), the m64n{128,256}k16 wgmma
+// shared-memory descriptors (K-major and MN-major, 128-byte swizzle), the m64n{64,128,192,256}k16 wgmma
 // of the GEMM core with operand majorness as a parameter, the narrow m64n{16,32,64}k16 ones, the
 // m64n64k8 TF32 one (A in registers), ldmatrix, warpgroup register reallocation.
 //
@@ -204,7 +204,7 @@ __device__ __forceinline__ void wgmma_wait_group() {
 }
 
 // acc[64 x N] (fp32, the wgmma fragment layout) = A[64 x 16] * B[N x 16]^T (+ acc when
-// `accumulate` != 0), N = 64, 128 or 256 (N / 2 floats a thread), both operands in shared memory:
+// `accumulate` != 0), N = 64, 128, 192 or 256 (N / 2 floats a thread), both operands in shared memory:
 // kTransA / kTransB = 0 for a K-major operand, 1 for an MN-major one (16-bit types only).
 // Element is __nv_bfloat16 or __half.
 #define VGA_ACC16(i)                                                                                       \
@@ -230,6 +230,19 @@ __device__ __forceinline__ void wgmma_wait_group() {
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
       "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n" \
       : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
+#define VGA_WGMMA_M64N192K16(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %98, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  " \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  " \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+      "}, %96, %97, accumulate, 1, 1, %99, %100;\n}\n" \
+      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC16(80) \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
 #define VGA_WGMMA_M64N256K16(TYPE) \
   asm volatile( \
@@ -262,11 +275,14 @@ VGA_WGMMA_WIDE(64, "bf16", __nv_bfloat16)
 VGA_WGMMA_WIDE(64, "f16", __half)
 VGA_WGMMA_WIDE(128, "bf16", __nv_bfloat16)
 VGA_WGMMA_WIDE(128, "f16", __half)
+VGA_WGMMA_WIDE(192, "bf16", __nv_bfloat16)
+VGA_WGMMA_WIDE(192, "f16", __half)
 VGA_WGMMA_WIDE(256, "bf16", __nv_bfloat16)
 VGA_WGMMA_WIDE(256, "f16", __half)
 
 #undef VGA_WGMMA_WIDE
 #undef VGA_WGMMA_M64N256K16
+#undef VGA_WGMMA_M64N192K16
 #undef VGA_WGMMA_M64N128K16
 #undef VGA_WGMMA_M64N64K16
 #undef VGA_ACC16

@@ -48,6 +48,7 @@ struct CoreArgs {
   int n_tiles;
   int kblocks;
   int kblocks_per_group;
+  int k_group_width;  // reduction elements of a group: its last k-block holds the rest, zero-filled past it
   int kblocks_per_split;
   int cluster_along_n;  // 0: a cluster's CTAs are adjacent row tiles (B shared), 1: column tiles (A shared)
   int cluster_size;     // CTAs a cluster: kClusterM (the pairs), or the in-cluster split's slices (2, 4, 8)
@@ -114,10 +115,11 @@ struct CoreShape {
   int64_t m_outer, m_inner;                 // rows = m_outer * m_inner
   int64_t n_groups, n_group_width;          // columns = n_groups * n_group_width
   int64_t kblocks, kblocks_per_group;
+  int64_t k_group_width;                    // reduction elements a group: kblocks_per_group k-blocks, the last partial
 };
 
 struct CorePlan {
-  int block_n;  // 64, 128 or 256
+  int block_n;  // 64, 128, 192 or 256
   int splits;   // 1: direct store; > 1: fp32 partial sums added in a fixed order
   int kblocks_per_split;
   bool in_cluster;  // splits > 1: the cluster's CTAs are the slices (DSMEM sum), else a workspace + launch
@@ -158,28 +160,35 @@ inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n) {
 // Fitted to run 29 (benchmarks/results/run29-core-configs.jsonl: 11 layers x 64-4096 rows, the
 // forward, grad_x and grad_weight of 14 forced configurations): the picked configuration is 0.7%
 // slower than the fastest measured one on average, 20% at worst (small-K forwards at 100-512 rows,
-// where c2/c4 beat the picked n64/s1); on run 28's points, not fitted: 0.3% and 7%.
+// where c2/c4 beat the picked n64/s1); on run 28's points, not fitted: 0.3% and 7%. The 192-wide
+// k-block time is not fitted yet: 0.45, between the 256- and 128-wide ones, which scale with the
+// width (tensor-core time).
 struct PlanConstants {
-  double kblock_us_256, kblock_us_128, kblock_us_64;
+  double kblock_us_256, kblock_us_192, kblock_us_128, kblock_us_64;
   double job_us;
   double hbm_bytes_per_us;
   double split_bytes_per_us;
   double split_launch_us;
   double cluster_slice_us;
 };
-constexpr PlanConstants kPlanConstants{0.6, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75};
+constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75};
 
 inline double plan_cost(const CoreShape& s, const CorePlan& plan, const ResidentClusters& resident,
                         const PlanConstants& k = kPlanConstants) {
-  const double kblock_us =
-      plan.block_n == 256 ? k.kblock_us_256 : plan.block_n == 128 ? k.kblock_us_128 : k.kblock_us_64;
+  const double kblock_us = plan.block_n == 256   ? k.kblock_us_256
+                           : plan.block_n == 192 ? k.kblock_us_192
+                           : plan.block_n == 128 ? k.kblock_us_128
+                                                 : k.kblock_us_64;
   const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, kBlockM);
   const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, plan.block_n);
   const double rows = static_cast<double>(s.m_outer * s.m_inner);
   const double columns = static_cast<double>(s.n_groups * s.n_group_width);
-  const double reduction = static_cast<double>(s.kblocks * kBlockK);
+  // The reduction without the zero fill of each group's last k-block, whose empty k steps the
+  // kernel skips (80- and 96-wide heads: 5/8 and 3/4 of the padded k-blocks' steps run).
+  const double reduction = static_cast<double>(s.kblocks / s.kblocks_per_group * s.k_group_width);
+  const double step_fill = reduction / static_cast<double>(s.kblocks * kBlockK);
   const double hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / k.hbm_bytes_per_us;
-  const double job_us = plan.kblocks_per_split * kblock_us + k.job_us;
+  const double job_us = plan.kblocks_per_split * kblock_us * step_fill + k.job_us;
   if (plan.in_cluster) {
     const int64_t rounds = ceil_div(m_tiles * n_tiles, std::max(1, resident.of(plan.splits)));
     return std::max(static_cast<double>(rounds) * (job_us + k.cluster_slice_us * plan.splits), hbm_us);
@@ -205,7 +214,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       best = plan;
     }
   };
-  for (int block_n : {256, 128, 64}) {
+  for (int block_n : {256, 192, 128, 64}) {
     if (forced.block_n != 0 && block_n != forced.block_n) continue;
     if (forced_splits != 0) {  // its slices are ceil(kblocks / forced_splits) long, whatever their length
       consider({block_n, forced_splits, static_cast<int>(ceil_div(s.kblocks, forced_splits)), false});
