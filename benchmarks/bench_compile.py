@@ -12,7 +12,11 @@ Cases (bf16 by default):
                  transformers; llama_sdpa and attn_sdpa are not in the default set)
 
 Each row: CUDA-event median µs of the compiled model without the rewrite and with it, the
-ratio (> 1: the rewrite is faster) and how many linears the pass rewrote. "fwd" runs under
+ratio (> 1: the rewrite is faster) and how many linears the pass rewrote. The two compiled
+variants live side by side (each compiles its own copy of the calling code, so Dynamo keeps
+both) and are timed alternately after 0.3 s of warm-up each, so clock and host drift fall on
+both alike; a model with graph breaks (whose inner frames the variants would share) is timed one
+variant after the other instead, marked "seq". "fwd" runs under
 torch.no_grad(); "train" is forward + backward (no optimizer). The default set is sized to
 run in under 90 s on an H200, most of it compiling (16 compiles); the total is printed.
 
@@ -27,6 +31,7 @@ import os
 import statistics
 import sys
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -134,66 +139,102 @@ def make_case(name, dtype, device, smoke=False):
     raise SystemExit(f"unknown case {name}")
 
 
-def median_us(fn, warmup=3, iters=15):
-    if not torch.cuda.is_available():  # --smoke on CPU
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
-    for _ in range(warmup):
+def _event_us(fn):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def _warm(fn, seconds=0.3):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
         fn()
     torch.cuda.synchronize()
-    times = []
+
+
+def paired_median_us(fns, iters=40):
+    """Median µs of each of `fns`, timed alternately (one call of each a round)."""
+    if not torch.cuda.is_available():  # --smoke on CPU
+        out = []
+        for fn in fns:
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return out
+    for fn in fns:
+        _warm(fn)
+    times = [[] for _ in fns]
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+        for fn, t in zip(fns, times):
+            t.append(_event_us(fn))
+    return [statistics.median(t) for t in times]
 
 
-def run_variant(model, x, mode, rewrite, pass_options):
-    """(median µs, rewrites, first-call seconds) of torch.compile(model) in mode."""
+def _own_code(model, tag):
+    """A function calling model(x) whose code object is its own: Dynamo caches compiled code per
+    code object, so two such functions compiled under different passes keep both results."""
+    def call(inp):
+        return model(inp)
+
+    code = call.__code__.replace(co_name=f"bench_{tag}")
+    return types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
+
+
+def compile_variant(model, x, mode, rewrite, pass_options, tag):
+    """(step, rewrites, first-call seconds, graph breaks) of the torch.compile'd model in mode."""
     from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(model)
+    compiled = torch.compile(_own_code(model, tag))
     params = [p for p in model.parameters()]
-    ctx = vc.enabled(**pass_options) if rewrite else _null()
-    with ctx:
-        if mode == "fwd":
+    for p in params:
+        p.requires_grad_(mode != "fwd")
+    if mode == "fwd":
+        def step():
+            with torch.no_grad():
+                return compiled(x)
+    else:
+        inp = x.detach().clone().requires_grad_(x.is_floating_point())
+        grad = None
+
+        def step():
+            nonlocal grad
             for p in params:
-                p.requires_grad_(False)
+                p.grad = None
+            out = compiled(inp)
+            if grad is None:
+                grad = torch.randn_like(out) / out.numel() ** 0.5
+            out.backward(grad)
+            return out
 
-            def step():
-                with torch.no_grad():
-                    return compiled(x)
-        else:
-            for p in params:
-                p.requires_grad_(True)
-            inp = x.detach().clone().requires_grad_(x.is_floating_point())
-            grad = None
-
-            def step():
-                nonlocal grad
-                for p in params:
-                    p.grad = None
-                out = compiled(inp)
-                if grad is None:
-                    grad = torch.randn_like(out) / out.numel() ** 0.5
-                out.backward(grad)
-                return out
-
+    with vc.enabled(**pass_options) if rewrite else _null():
         t0 = time.perf_counter()
-        step()
+        step()  # compiles, under the pass when rewrite
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        us = median_us(step)
-    return us, counters["vga_linear"]["rewritten"], first, step
+    return step, counters["vga_linear"]["rewritten"], first, sum(counters["graph_break"].values())
+
+
+def time_variants(model, x, mode, variants, check=False):
+    """[(µs, rewrites, first-call s, output if check)] of each (rewrite, pass_options) variant, and
+    whether they were timed one after the other (graph breaks) rather than alternately."""
+    torch._dynamo.reset()
+    compiled = [compile_variant(model, x, mode, rw, opts, f"v{i}") for i, (rw, opts) in enumerate(variants)]
+    output = lambda step: step().detach().float() if check else None
+    if all(breaks == 0 for *_, breaks in compiled):
+        us = paired_median_us([step for step, *_ in compiled])
+        return [(t, n, first, output(step)) for t, (step, n, first, _) in zip(us, compiled)], False
+    out = []
+    for rw, opts in variants:  # graph breaks: the variants' resumed inner frames would share one cache
+        torch._dynamo.reset()
+        step, n, first, _ = compile_variant(model, x, mode, rw, opts, "seq")
+        out.append((paired_median_us([step])[0], n, first, output(step)))
+    return out, True
 
 
 class _null:
@@ -244,10 +285,10 @@ def main(argv=None):
         if args.forced and name.endswith("sdpa"):
             variants.append((" forced", {**pass_options, "require_copy": False}))
         for mode in [m for m in args.modes.split(",") if m]:
-            base_us, _, base_first, base_step = run_variant(model, x, mode, False, {})
-            base_out = base_step().detach().float() if args.check else None
-            for suffix, opts in variants:
-                us, n, first, step = run_variant(model, x, mode, True, opts)
+            timed, sequential = time_variants(model, x, mode, [(False, {})] + [(True, o) for _, o in variants],
+                                              check=args.check)
+            (base_us, _, base_first, base_out), results = timed[0], timed[1:]
+            for (suffix, _), (us, n, first, out) in zip(variants, results):
                 row = {
                     "case": name + suffix,
                     "mode": mode,
@@ -257,15 +298,16 @@ def main(argv=None):
                     "ratio": base_us / us,
                     "rewrites": n,
                     "first_call_s": [base_first, first],
+                    "timed": "one after the other" if sequential else "alternately",
                 }
                 if args.check:
-                    out = step().detach().float()
                     row["max_abs_diff"] = (out - base_out).abs().max().item()
                 rows.append(row)
                 print(
                     f"{row['case']:<22}{mode:<7}{base_us:>12.1f}{us:>13.1f}{row['ratio']:>7.2f}x{n:>10}"
                     f"{base_first + first:>11.1f}"
                     + (f"  max|diff| {row['max_abs_diff']:.3g}" if args.check else "")
+                    + ("  seq" if sequential else "")
                 )
         del model, x
         if device == "cuda":
