@@ -90,29 +90,51 @@ __device__ __forceinline__ void copy_4d(bool multicast, void* dst, const CUtenso
   }
 }
 
-// The producer's copies for k-block `kb` of tile `c` into one stage (all complete on `bar`).
+// Where the producer's next k-block of a tile lies, advanced by additions: the producer is one
+// thread, and its instructions a stage bound the stage rate (run 43: three integer divisions a
+// stage made grad_weight's producer ~1.5x slower than grad_x's, and its consumers waited on it).
+struct LoadCursor {
+  int group;     // the reduction group: a shard (forward), an outer batch index (grad_weight), 0 (grad_x)
+  int k;         // the k-block's first element within the group
+  int b_shard;   // grad_weight: the shard and column within it of the tile's first B column
+  int b_column;
+};
+
+__device__ __forceinline__ LoadCursor load_cursor(const TileCoord& c, const CoreArgs& args) {
+  LoadCursor cur;
+  cur.group = c.kb_begin / args.kblocks_per_group;
+  cur.k = (c.kb_begin - cur.group * args.kblocks_per_group) * kBlockK;
+  cur.b_shard = c.n_group;
+  cur.b_column = c.n0;
+  if (args.b_shard_width > 0) {  // one group spanning the shards
+    cur.b_shard = c.n0 / args.b_shard_width;
+    cur.b_column = c.n0 - cur.b_shard * args.b_shard_width;
+  }
+  return cur;
+}
+
+__device__ __forceinline__ void advance(LoadCursor& cur, int group_elements) {
+  cur.k += kBlockK;
+  if (cur.k == group_elements) {
+    cur.k = 0;
+    ++cur.group;
+  }
+}
+
+// The producer's copies for the k-block at `cur` of tile `c` into one stage (all complete on `bar`).
 // A is two 64-row (or, MN-major, 64-column) boxes of 8 KB; B is two K-major halves (the
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
 // between its CTAs, each multicasting its part; the other one each CTA loads whole for itself.
 template <GemmKind kKind, int kBlockN, bool kInCluster>
 __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const CUtensorMap* a_map,
-                                           const CUtensorMap* b_map, uint64_t* bar, const TileCoord& c, int kb,
-                                           uint32_t cta_rank, const CoreArgs& args) {
+                                           const CUtensorMap* b_map, uint64_t* bar, const TileCoord& c,
+                                           const LoadCursor& cur, uint32_t cta_rank, const CoreArgs& args) {
   constexpr int kBParts = kKind == GemmKind::kForward ? 2 : kBlockN / 64;
   constexpr int kBPartBytes = kBlockN * kBlockK * 2 / kBParts;
   const bool share_a = args.cluster_along_n != 0;
   const int rank = static_cast<int>(cta_rank);
-  // The reduction coordinate of k-block kb.
-  int shard = 0, h0 = 0, outer = 0, row0 = 0, k0 = 0;
-  if constexpr (kKind == GemmKind::kForward) {
-    shard = kb / args.kblocks_per_group;
-    h0 = (kb - shard * args.kblocks_per_group) * kBlockK;
-  } else if constexpr (kKind == GemmKind::kGradInput) {
-    k0 = kb * kBlockK;
-  } else {
-    outer = kb / args.kblocks_per_group;
-    row0 = (kb - outer * args.kblocks_per_group) * kBlockK;
-  }
+  // The reduction coordinate: (shard, h0) of x and W, k0 of grad_out and W, (outer, row0) of grad_out and x.
+  const int shard = cur.group, h0 = cur.k, k0 = cur.k, outer = cur.group, row0 = cur.k;
   auto load_a = [&](int part, bool multicast) {  // rows (or columns) 64 * part .. + 63 of the tile
     uint8_t* dst = a_dst + part * kMnBlockBytes;
     if constexpr (kKind == GemmKind::kForward) {
@@ -134,11 +156,13 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
     } else if constexpr (kKind == GemmKind::kGradInput) {
       copy_3d(multicast, dst, b_map, bar, c.n0 + 64 * part, k0, 0);
     } else {
-      int column = c.n0 + 64 * part;  // within the group
-      int b_shard = c.n_group;
-      if (args.b_shard_width > 0) {   // one group spanning the shards: a 64-column box never straddles two
-        b_shard = column / args.b_shard_width;
-        column -= b_shard * args.b_shard_width;
+      int column = cur.b_column + 64 * part;  // within the shard
+      int b_shard = cur.b_shard;
+      // One group spanning the shards: a 64-column box never straddles two (H % 64 == 0); without
+      // it the columns past the group's width are past H, zero-filled.
+      while (args.b_shard_width > 0 && column >= args.b_shard_width) {
+        column -= args.b_shard_width;
+        ++b_shard;
       }
       copy_4d(multicast, dst, b_map, bar, column, row0, outer, b_shard);
     }
@@ -269,8 +293,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;
+      const int group_elements = args.kblocks_per_group * kBlockK;
       for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
         const TileCoord c = tile_coord<kBlockN, kInCluster>(tile, cta_rank, args);
+        LoadCursor cur = load_cursor(c, args);
         // A CTA receives the whole shared operand (its own part and its peer's) and, if its tile
         // exists, its own copy of the other one.
         const uint32_t stage_bytes =
@@ -281,7 +307,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbarrier_wait(&empty[stage], phase ^ 1);
           mbarrier_arrive_expect_tx(&full[stage], stage_bytes);
           load_stage<kKind, kBlockN, kInCluster>(a_tiles + stage * Tile::kATileBytes, b_tiles + stage * Tile::kBTileBytes,
-                                     &a_map, &b_map, &full[stage], c, kb, cta_rank, args);
+                                                 &a_map, &b_map, &full[stage], c, cur, cta_rank, args);
+          advance(cur, group_elements);
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1;
