@@ -225,9 +225,14 @@ def time_variants(model, x, mode, variants, check=False):
     whether they were timed one after the other (graph breaks) rather than alternately."""
     torch._dynamo.reset()
     compiled = [compile_variant(model, x, mode, rw, opts, f"v{i}") for i, (rw, opts) in enumerate(variants)]
+    for (rewrite, _), (_, n, _, _) in zip(variants, compiled):
+        if not rewrite and n:
+            raise RuntimeError(f"the variant compiled without the pass rewrote {n} linears")
     output = lambda step: step().detach().float() if check else None
     if all(breaks == 0 for *_, breaks in compiled):
-        us = paired_median_us([step for step, *_ in compiled])
+        # timed outside the pass: a recompile now would drop it, so it must not happen
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            us = paired_median_us([step for step, *_ in compiled])
         return [(t, n, first, output(step)) for t, (step, n, first, _) in zip(us, compiled)], False
     out = []
     for rw, opts in variants:  # graph breaks: the variants' resumed inner frames would share one cache
@@ -265,6 +270,9 @@ def main(argv=None):
         args.dtype = dtype_name
     dtype = getattr(torch, args.dtype)
     torch.backends.cuda.matmul.allow_tf32 = True
+    # every variant compiles here: a graph loaded from the FX graph cache would skip the pass, so the
+    # rewrite count and the compile time would read 0
+    torch._inductor.config.fx_graph_cache = False
     why = vc.supported()
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
     print(

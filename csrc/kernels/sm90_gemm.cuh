@@ -2,7 +2,7 @@
 // there are more rows than the skinny families take: the GEMM core (sm90/gemm.cuh) as kForward.
 // A is x through its (H, rows, R) / (H, inner, outer, R) TMA view, B is W through (H, R, K),
 // both K-major; the k-block (r, h0) of a tile is one bulk copy each, zero-filled past H, so the
-// concat is never materialised. Tile width (64, 128 or 256) and reduction split (none, across the
+// concat is never materialised. Tile width (64, 128, 192 or 256) and reduction split (none, across the
 // grid, or in a cluster) come from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they
 // fill the GPU, narrower tiles and splits where they would leave SMs idle (100-1024 rows, small K).
 #pragma once

@@ -12,17 +12,17 @@
 // tiles fill the last round badly (1.2 rounds of them are 2 rounds) at almost the same reuse; 128
 // and 64: two and four times the tiles, for the outputs whose wider tiles leave SMs idle: 100-1024
 // rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there), k-blocks of 64 elements (one
-// 128-byte swizzle row; a group's last k-block runs only the k steps that hold data). Warpgroup 0 is the
-// producer (one thread issues TMA), warpgroups 1-2 each own 64 rows of the tile (one m64nNk16
-// wgmma chain, N / 2 fp32 accumulators a thread). As many stages as fit in 227 KB (4 at 256, 5 at 192,
-// 7 at 128, 8 at 64) form a full/empty mbarrier ring. CTAs run in clusters of 2: along M, both tiles of
-// a cluster use the same B panel, each CTA loads half of it and multicasts it to both (L2 -> SM
-// traffic per tile 48 -> 32 KB a k-block at 256, where the unshared panel would need ~9 TB/s of
-// L2 bandwidth); along N (one or an odd number of row tiles, and always at 64 wide, where A is the
-// larger tile and an MN-major B is a single box) they share the A panel the same way. Or, for
-// few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction and add it up in
-// distributed shared memory. The tile walk and the split of the reduction are schedule.cuh's; the
-// stores are epilogue.cuh's.
+// 128-byte swizzle row; a group's last k-block runs only the k steps that hold data). Warpgroup 0
+// is the producer (one thread issues TMA), warpgroups 1-2 each own 64 rows of the tile (one
+// m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As many stages as fit in 227 KB (4 at
+// 256, 5 at 192, 7 at 128, 8 at 64) form a full/empty mbarrier ring. CTAs run in clusters of 2:
+// along M, both tiles of a cluster use the same B panel, each CTA loads half of it (alternate
+// boxes: 2 + 1 of a 192-wide MN-major panel) and multicasts it to both (L2 -> SM traffic per tile
+// 48 -> 32 KB a k-block at 256, where the unshared panel would need ~9 TB/s of L2 bandwidth); along
+// N (one or an odd number of row tiles, and always at 64 wide, where A is the larger tile and an
+// MN-major B is a single box) they share the A panel the same way. Or, for few tiles, in clusters
+// of S = 2, 4 or 8 that split one tile's reduction and add it up in distributed shared memory.
+// The tile walk and the split of the reduction are schedule.cuh's; the stores are epilogue.cuh's.
 #pragma once
 
 #include <algorithm>

@@ -161,8 +161,8 @@ inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n) {
 // forward, grad_x and grad_weight of 14 forced configurations): the picked configuration is 0.7%
 // slower than the fastest measured one on average, 20% at worst (small-K forwards at 100-512 rows,
 // where c2/c4 beat the picked n64/s1); on run 28's points, not fitted: 0.3% and 7%. The 192-wide
-// k-block time is not fitted yet: 0.45, between the 256- and 128-wide ones, which scale with the
-// width (tensor-core time).
+// k-block time, 0.45 (between the 256- and 128-wide ones, which scale with the width), is what
+// --fit keeps on run 37's forced timings, which include the 192-wide configurations.
 struct PlanConstants {
   double kblock_us_256, kblock_us_192, kblock_us_128, kblock_us_64;
   double job_us;
