@@ -36,8 +36,7 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   shape.m_inner = rows.inner;
   shape.n_groups = 1;
   shape.n_group_width = p.out_features;
-  shape.kblocks_per_group = ceil_div(p.shard_width, kBlockK);
-  shape.kblocks = p.num_shards * shape.kblocks_per_group;
+  shape.k_groups = p.num_shards;
   shape.k_group_width = p.shard_width;
   CoreArgs args{};
   args.out = p.out;

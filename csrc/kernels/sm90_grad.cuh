@@ -42,8 +42,7 @@ inline void sm90_grad_input(const GradInputProblem& p, cudaStream_t stream) {
   shape.m_inner = p.rows;
   shape.n_groups = 1;
   shape.n_group_width = p.columns();
-  shape.kblocks = ceil_div(p.out_features, kBlockK);
-  shape.kblocks_per_group = shape.kblocks;
+  shape.k_groups = 1;
   shape.k_group_width = p.out_features;
   CoreArgs args{};
   args.out = p.grad_x;
@@ -89,8 +88,7 @@ inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
   const bool span_shards = p.shard_width % 64 == 0;
   shape.n_groups = span_shards ? 1 : p.num_shards;
   shape.n_group_width = span_shards ? p.reduction() : p.shard_width;
-  shape.kblocks_per_group = ceil_div(rows.inner, kBlockK);
-  shape.kblocks = rows.outer * shape.kblocks_per_group;
+  shape.k_groups = rows.outer;
   shape.k_group_width = rows.inner;
   CoreArgs args{};
   args.out = g.grad_weight;

@@ -489,8 +489,8 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
   args.n_group_width = static_cast<int>(shape.n_group_width);
   args.n_group_tiles = static_cast<int>(ceil_div(shape.n_group_width, plan.block_n));
   args.n_tiles = static_cast<int>(shape.n_groups) * args.n_group_tiles;
-  args.kblocks = static_cast<int>(shape.kblocks);
-  args.kblocks_per_group = static_cast<int>(shape.kblocks_per_group);
+  args.kblocks = static_cast<int>(shape.kblocks());
+  args.kblocks_per_group = static_cast<int>(shape.kblocks_per_group());
   args.k_group_width = static_cast<int>(shape.k_group_width);
   args.kblocks_per_split = plan.kblocks_per_split;
   args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;

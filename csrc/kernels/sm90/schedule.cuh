@@ -112,10 +112,11 @@ __device__ __forceinline__ TileCoord tile_coord(int tile, uint32_t cta_rank, con
 
 // The shape of a core GEMM as the scheduler sees it.
 struct CoreShape {
-  int64_t m_outer, m_inner;                 // rows = m_outer * m_inner
-  int64_t n_groups, n_group_width;          // columns = n_groups * n_group_width
-  int64_t kblocks, kblocks_per_group;
-  int64_t k_group_width;                    // reduction elements a group: kblocks_per_group k-blocks, the last partial
+  int64_t m_outer, m_inner;        // rows = m_outer * m_inner
+  int64_t n_groups, n_group_width;  // columns = n_groups * n_group_width
+  int64_t k_groups, k_group_width;  // reduction = k_groups * k_group_width, each group's last k-block partial
+  int64_t kblocks_per_group() const { return ceil_div(k_group_width, kBlockK); }
+  int64_t kblocks() const { return k_groups * kblocks_per_group(); }
 };
 
 struct CorePlan {
@@ -185,8 +186,8 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   const double columns = static_cast<double>(s.n_groups * s.n_group_width);
   // The reduction without the zero fill of each group's last k-block, whose empty k steps the
   // kernel skips (80- and 96-wide heads: 5/8 and 3/4 of the padded k-blocks' steps run).
-  const double reduction = static_cast<double>(s.kblocks / s.kblocks_per_group * s.k_group_width);
-  const double step_fill = reduction / static_cast<double>(s.kblocks * kBlockK);
+  const double reduction = static_cast<double>(s.k_groups * s.k_group_width);
+  const double step_fill = reduction / static_cast<double>(s.kblocks() * kBlockK);
   const double hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / k.hbm_bytes_per_us;
   const double job_us = plan.kblocks_per_split * kblock_us * step_fill + k.job_us;
   if (plan.in_cluster) {
@@ -202,10 +203,11 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
 
 // The cheapest plan by plan_cost, among those `forced` allows (0 fields: any).
 inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident, const ForcedConfig& forced) {
+  const int64_t kblocks = s.kblocks();
   // A forced split count is the count its slice length gives (12 k-blocks in 5 slices: 4 of 3).
   const int forced_splits =
-      forced.splits > 0 ? static_cast<int>(ceil_div(s.kblocks, ceil_div(s.kblocks, forced.splits))) : 0;
-  CorePlan best{forced.block_n != 0 ? forced.block_n : 256, 1, static_cast<int>(s.kblocks), false};
+      forced.splits > 0 ? static_cast<int>(ceil_div(kblocks, ceil_div(kblocks, forced.splits))) : 0;
+  CorePlan best{forced.block_n != 0 ? forced.block_n : 256, 1, static_cast<int>(kblocks), false};
   double best_cost = 1e300;
   auto consider = [&](const CorePlan& plan) {
     const double cost = plan_cost(s, plan, resident);
@@ -217,22 +219,22 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   for (int block_n : {256, 192, 128, 64}) {
     if (forced.block_n != 0 && block_n != forced.block_n) continue;
     if (forced_splits != 0) {  // its slices are ceil(kblocks / forced_splits) long, whatever their length
-      consider({block_n, forced_splits, static_cast<int>(ceil_div(s.kblocks, forced_splits)), false});
+      consider({block_n, forced_splits, static_cast<int>(ceil_div(kblocks, forced_splits)), false});
       continue;
     }
     for (int splits = 1; splits <= 64 && forced.cluster_splits == 0; ++splits) {
-      const int64_t per_split = ceil_div(s.kblocks, splits);
+      const int64_t per_split = ceil_div(kblocks, splits);
       // A slice shorter than the ring does not pay for its partials; slices only get shorter from here.
       if (per_split < 4 && splits > 1) break;
-      if (ceil_div(s.kblocks, per_split) == splits) consider({block_n, splits, static_cast<int>(per_split), false});
+      if (ceil_div(kblocks, per_split) == splits) consider({block_n, splits, static_cast<int>(per_split), false});
     }
     const int64_t tiles = s.m_outer * ceil_div(s.m_inner, kBlockM) * s.n_groups * ceil_div(s.n_group_width, block_n);
     for (int slices : kClusterSplits) {
-      const int64_t per_split = ceil_div(s.kblocks, slices);
+      const int64_t per_split = ceil_div(kblocks, slices);
       // The rule gives every CTA of the cluster a slice, in one round (plan_cost's note); forced, the
       // last slices may sum zero tiles and the clusters may take several rounds.
       const bool skip = forced.cluster_splits != 0 ? forced.cluster_splits != slices
-                                                   : per_split * (slices - 1) >= s.kblocks || tiles > resident.of(slices);
+                                                   : per_split * (slices - 1) >= kblocks || tiles > resident.of(slices);
       if (!skip) consider({block_n, slices, static_cast<int>(per_split), true});
     }
   }
