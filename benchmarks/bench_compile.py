@@ -223,21 +223,30 @@ def compile_variant(model, x, mode, rewrite, pass_options, tag):
 def time_variants(model, x, mode, variants, check=False):
     """[(µs, rewrites, first-call s, output if check)] of each (rewrite, pass_options) variant, and
     whether they were timed one after the other (graph breaks) rather than alternately."""
-    torch._dynamo.reset()
-    compiled = [compile_variant(model, x, mode, rw, opts, f"v{i}") for i, (rw, opts) in enumerate(variants)]
-    for (rewrite, _), (_, n, _, _) in zip(variants, compiled):
+    output = lambda step: step().detach().float() if check else None
+
+    def compiled_variant(i, tag):
+        rewrite, opts = variants[i]
+        step, n, first, breaks = compile_variant(model, x, mode, rewrite, opts, tag)
         if not rewrite and n:
             raise RuntimeError(f"the variant compiled without the pass rewrote {n} linears")
-    output = lambda step: step().detach().float() if check else None
+        return step, n, first, breaks
+
+    torch._dynamo.reset()
+    compiled = [compiled_variant(0, "v0")]
+    if compiled[0][3] == 0:
+        compiled += [compiled_variant(i, f"v{i}") for i in range(1, len(variants))]
     if all(breaks == 0 for *_, breaks in compiled):
         # timed outside the pass: a recompile now would drop it, so it must not happen
         with torch._dynamo.config.patch(error_on_recompile=True):
             us = paired_median_us([step for step, *_ in compiled])
         return [(t, n, first, output(step)) for t, (step, n, first, _) in zip(us, compiled)], False
+    # graph breaks: the variants' resumed inner frames would share one cache, so one at a time
     out = []
-    for rw, opts in variants:  # graph breaks: the variants' resumed inner frames would share one cache
-        torch._dynamo.reset()
-        step, n, first, _ = compile_variant(model, x, mode, rw, opts, "seq")
+    for i in range(len(variants)):
+        if i > 0:
+            torch._dynamo.reset()
+        step, n, first, _ = compiled[0] if i == 0 else compiled_variant(i, "seq")
         out.append((paired_median_us([step])[0], n, first, output(step)))
     return out, True
 

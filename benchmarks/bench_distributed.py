@@ -35,6 +35,7 @@ MODEL, not a measurement, and says so in its output.
 """
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -250,7 +251,7 @@ def run_simulate(args):
     worlds = [int(w) for w in args.world.split(",")]
     print("=" * 118)
     print("MODEL, not a measurement.  Predicted forward timelines of all_gather_linear on R GPUs.")
-    ar = 2 * cm.coll_latency if cm.allreduce_latency is None else cm.allreduce_latency
+    ar = cm.t_all_reduce(0, 1)  # the all_reduce latency (measured, or the model's default)
     print(f"  link: {cm.link_bw / 1e9:g} GB/s per direction per GPU (--link-gbps), ring collectives, "
           f"{cm.coll_latency * 1e6:g} us per all_gather (--latency-us), {ar * 1e6:g} us per all_reduce; {cm.source}")
     print(f"  {kt.source}")
@@ -351,7 +352,8 @@ def run_real(args):
     if args.calibrate:
         cm = vd.calibrate(group, dev)
         if rank == 0:
-            print(f"calibrated: link {cm.link_bw / 1e9:.3g} GB/s, {cm.coll_latency * 1e6:.3g} us/collective, "
+            print(f"calibrated: link {cm.link_bw / 1e9:.3g} GB/s, {cm.coll_latency * 1e6:.3g} us an all_gather, "
+                  f"{cm.t_all_reduce(0, 1) * 1e6:.3g} us an all_reduce, overlap cost {cm.overlap_cost:.3g}, "
                   f"copy {cm.mem_bw / 1e9:.3g} GB/s, GEMM {dict(cm.gemm_flops)}")
     if args.shapes:
         keep = set(args.shapes.split(","))
@@ -433,9 +435,9 @@ def run_real(args):
         if args.backward:
             xg, Wg = x.detach().requires_grad_(), W.detach().requires_grad_()
 
-            def naive():
-                from torch.distributed.nn.functional import all_gather as autograd_all_gather
+            from torch.distributed.nn.functional import all_gather as autograd_all_gather
 
+            def naive():
                 y = F.linear(torch.cat(autograd_all_gather(xg), -1), Wg)
                 torch.autograd.grad(y, (xg, Wg), gy)
                 return y
@@ -538,9 +540,7 @@ def run_real(args):
         print(f"auto within 5% of the measured fastest of ours on {hits}/{len(summary)} shapes")
     if rank == 0:
         harness.write_json(args.json, {"mode": "measured", "world": R, "backend": backend, "backward": args.backward,
-                                       "cost_model": {"link_bw": cm.link_bw, "coll_latency": cm.coll_latency,
-                                                      "mem_bw": cm.mem_bw, "gemm_flops": dict(cm.gemm_flops),
-                                                      "source": cm.source},
+                                       "cost_model": {**dataclasses.asdict(cm), "gemm_flops": dict(cm.gemm_flops)},
                                        "rows": results, "summary": summary, "meta": harness.environment(dev.type)})
     dist.barrier()
     dist.destroy_process_group()

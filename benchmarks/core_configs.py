@@ -95,9 +95,10 @@ def tile_counts(shape, block_n):
 def plan_cost(shape, block_n, splits, per_split, in_cluster, p):
     m_tiles, n_tiles = tile_counts(shape, block_n)
     rows, columns = shape["m_outer"] * shape["m_inner"], shape["n_groups"] * shape["width"]
-    reduction = shape["kblocks"] * 64 * shape["fill"]  # without each group's zero fill (skipped k steps)
+    reduction = reduction_elements(shape)
+    step_fill = reduction / (kblocks(shape) * 64)
     hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / p["hbm_bytes_per_us"]
-    job_us = per_split * p[f"kblock_us_{block_n}"] * shape["fill"] + p["job_us"]
+    job_us = per_split * p[f"kblock_us_{block_n}"] * step_fill + p["job_us"]
     if in_cluster:
         rounds = math.ceil(m_tiles * n_tiles / RESIDENT[splits])
         return max(rounds * (job_us + p["cluster_slice_us"] * splits), hbm_us)
@@ -111,17 +112,27 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p):
 
 
 def core_shape(rec, kind, skips_fill=True):
-    """schedule.cuh's CoreShape; `fill`: the share of the padded k-blocks' k steps that hold data
-    (1 for measurements of the kernel before it skipped the zero-filled steps, runs 22-33)."""
+    """schedule.cuh's CoreShape: the reduction is k_groups x k_group_width. `skips_fill`: the kernel
+    skips each group's zero-filled k steps (False for measurements before it did, runs 22-33)."""
     R, H, K, rows = rec["R"], rec["H"], rec["K"], rec["rows"]
-    fill = lambda group: group / (64 * math.ceil(group / 64)) if skips_fill else 1.0
     if kind == "fwd":
-        return dict(m_outer=1, m_inner=rows, n_groups=1, width=K, kblocks=R * math.ceil(H / 64), fill=fill(H))
-    if kind == "gx":
-        return dict(m_outer=1, m_inner=rows, n_groups=1, width=R * H, kblocks=math.ceil(K / 64), fill=fill(K))
-    span = H % 64 == 0
-    return dict(m_outer=1, m_inner=K, n_groups=1 if span else R, width=R * H if span else H,
-                kblocks=math.ceil(rows / 64), fill=fill(rows))
+        shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=K, k_groups=R, k_group_width=H)
+    elif kind == "gx":
+        shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=R * H, k_groups=1, k_group_width=K)
+    else:
+        span = H % 64 == 0
+        shape = dict(m_outer=1, m_inner=K, n_groups=1 if span else R, width=R * H if span else H, k_groups=1,
+                     k_group_width=rows)
+    return dict(shape, skips_fill=skips_fill)
+
+
+def kblocks(shape):
+    return shape["k_groups"] * math.ceil(shape["k_group_width"] / 64)
+
+
+def reduction_elements(shape):
+    """The reduction the MMAs run: without each group's zero fill where the kernel skips it."""
+    return shape["k_groups"] * shape["k_group_width"] if shape["skips_fill"] else kblocks(shape) * 64
 
 
 def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True):
@@ -135,22 +146,22 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True):
             if key.startswith(kind + "_sm90_gemm/") and isinstance(t, float):
                 width, split = key.split("/")[1:]
                 block_n, splits, in_cluster = int(width[1:]), int(split[1:]), split[0] == "c"
-                per_split = math.ceil(shape["kblocks"] / splits)
-                used = splits if in_cluster else math.ceil(shape["kblocks"] / per_split)
-                if in_cluster and (per_split * (splits - 1) >= shape["kblocks"]
+                per_split = math.ceil(kblocks(shape) / splits)
+                used = splits if in_cluster else math.ceil(kblocks(shape) / per_split)
+                if in_cluster and (per_split * (splits - 1) >= kblocks(shape)
                                    or math.prod(tile_counts(shape, block_n)) > RESIDENT[splits]):
                     continue  # the rule gives every CTA of the cluster a slice, all clusters in one round
-                measured.append((plan_cost(shape, block_n, used, per_split, in_cluster, p), t, key))
+                cost = plan_cost(shape, block_n, used, per_split, in_cluster, p)
+                measured.append((cost, t, key, (-block_n, in_cluster, splits)))
         if not measured:
             continue
         # choose_plan's order (widths 256, 192, 128, 64; grid splits, then cluster splits, fewest first): a
         # rival displaces the plan so far only when it is 3% cheaper
-        order = lambda m: (-int(m[2].split("/")[1][1:]), m[2].split("/")[2][0] == "c", int(m[2].split("/")[2][1:]))
         picked = None
-        for m in sorted(measured, key=order):
+        for m in sorted(measured, key=lambda m: m[3]):
             if picked is None or m[0] < picked[0] * 0.97:
                 picked = m
-        regret = picked[1] / min(t for _, t, _ in measured)
+        regret = picked[1] / min(m[1] for m in measured)
         out.append(regret)
         if report and regret > 1.05:
             print(f"  {kind} R={rec['R']} H={rec['H']} K={rec['K']} rows={rec['rows']}: picks {picked[2]}, "

@@ -10,6 +10,7 @@ from utils import (  # noqa: F401  (highest_fp32_precision: an autouse fixture)
     DTYPES,
     SHAPES,
     TOLERANCE,
+    TWO_GPUS,
     assert_close_to_float64,
     highest_fp32_precision,
     make_params,
@@ -134,11 +135,6 @@ def test_more_than_2_pow_31_elements():
     rows = torch.cat([torch.arange(0, 64), torch.arange(B - 4096, B)]).cuda()
     assert_close_to_float64(out[rows], x[:, rows], w, b)
     assert not out.isnan().any()
-
-
-TWO_GPUS = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs in one process"
-)
 
 
 @pytest.mark.cuda

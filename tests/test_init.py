@@ -138,10 +138,10 @@ def test_kernel_families_come_from_the_build():
     import vga_linear
     from vga_linear import ops
 
-    built = ops._built_kernel_families()
-    assert ops.KERNEL_FAMILIES == built
+    # a build lists csrc's table whether or not its library loads; a package without kernels, none
+    assert ops.KERNEL_FAMILIES in ((), _dispatch_table_families())
     if vga_linear.kernels_loaded():
-        assert built == _dispatch_table_families()
+        assert ops.KERNEL_FAMILIES == _dispatch_table_families()
 
 
 @pytest.mark.skipif(os.environ.get("CI") != "true", reason="CI builds the extension and requires it")

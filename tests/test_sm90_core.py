@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vga_linear
-from utils import make_params, make_x, misaligned, poison_next_output, run_op, assert_close_to_float64
+from utils import TWO_GPUS, make_params, make_x, misaligned, poison_next_output, run_op, assert_close_to_float64
 
 pytestmark = pytest.mark.cuda
 
@@ -224,7 +224,7 @@ def test_fp32_backward_picks_3xtf32_on_hopper():
     assert torch.equal(auto, torch.ops.vga._gather_concat_linear_grad_weight_family(g, x, "sm90_tf32x3"))
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs in one process")
+@TWO_GPUS
 @pytest.mark.parametrize("config", ["sm90_gemm/n128/c2", "sm90_gemm/n64/c4", "sm90_gemm/n128/c8",
                                     "sm90_gemm/n128/s3", "sm90_tf32x3"])
 def test_backward_on_a_second_gpu_in_the_same_process(config):

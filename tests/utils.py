@@ -6,6 +6,10 @@ import torch
 from vga_linear._tolerance import TOLERANCE  # noqa: F401  (atol = rtol per dtype; tests import it from here)
 from vga_linear.reference import gather_concat_linear_float64
 
+TWO_GPUS = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs in one process"
+)
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 POISON = float("nan")
 SHAPES = [
