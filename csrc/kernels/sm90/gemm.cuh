@@ -290,7 +290,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 0) {
     warpgroup_release_registers<kProducerRegisters>();
-    if (threadIdx.x == 0) {
+    // The whole first warp walks the tiles, so the walk's values are warp-uniform (uniform
+    // registers, no per-copy waterfall of moves into them); one elected lane issues the copies.
+    if (threadIdx.x < 32) {
+      const bool issuer = elect_one_lane();
       int stage = 0;
       uint32_t phase = 0;
       const int group_elements = args.kblocks_per_group * kBlockK;
@@ -305,9 +308,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    : (c.exists ? Tile::kATileBytes : 0) + Tile::kBTileBytes;
         for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
           mbarrier_wait(&empty[stage], phase ^ 1);
-          mbarrier_arrive_expect_tx(&full[stage], stage_bytes);
-          load_stage<kKind, kBlockN, kInCluster>(a_tiles + stage * Tile::kATileBytes, b_tiles + stage * Tile::kBTileBytes,
-                                                 &a_map, &b_map, &full[stage], c, cur, cta_rank, args);
+          if (issuer) {
+            mbarrier_arrive_expect_tx(&full[stage], stage_bytes);
+            load_stage<kKind, kBlockN, kInCluster>(a_tiles + stage * Tile::kATileBytes,
+                                                   b_tiles + stage * Tile::kBTileBytes, &a_map, &b_map, &full[stage], c,
+                                                   cur, cta_rank, args);
+          }
+          __syncwarp();
           advance(cur, group_elements);
           if (++stage == kStages) {
             stage = 0;
