@@ -352,21 +352,19 @@ constexpr int smem_bytes() {
 // 128-row W tiles (one m16 tile a warp): they measured faster than 256-row tiles on every bench shape.
 template <int kNTiles>
 struct MmaConfig {
-  static constexpr int kMTiles = 1;
   static constexpr int kChunk = 64;  // reduction elements per step: 128 bytes of each W row
   static constexpr int kBPad = kNTiles * 8;
-  static constexpr int kRowsPerWarp = kMTiles * 16;
+  static constexpr int kRowsPerWarp = 16;
   static constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
   static constexpr int kStageBytes = kBPad * kChunk * 2;
-  // W chunks in flight per thread; each is kMTiles * 16 bytes * 4 (16 * kMTiles registers).
-  static constexpr int kWDepth = (kMTiles * kNTiles >= 16) ? 3 : 4;
+  // W chunks in flight per thread; each is 16 bytes * 4 (16 registers).
+  static constexpr int kWDepth = kNTiles >= 16 ? 3 : 4;
   static constexpr int kSmem = smem_bytes<kRowsPerCta, kBPad, kStageBytes>();
 };
 
 template <typename T, int kNTiles>
 __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyParams p) {
   using Cfg = MmaConfig<kNTiles>;
-  constexpr int kMTiles = Cfg::kMTiles;
   constexpr int kChunk = Cfg::kChunk;
   constexpr int kBPad = Cfg::kBPad;
   constexpr int kDepth = Cfg::kWDepth;
@@ -393,39 +391,33 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyPar
   fill_row_offsets(p, row_offset, kBPad);
   __syncthreads();
 
-  // This thread's W rows: (m-tile, half) -> row warp*32 + mt*16 + group + 8*half; rows past K
-  // re-read row K-1 (valid memory; their results are never stored).
-  const T* w_row[kMTiles][2];
+  // This thread's W rows: half -> row warp*16 + group + 8*half; rows past K re-read row K-1
+  // (valid memory; their results are never stored).
+  const T* w_row[2];
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      int n = row0 + warp * Cfg::kRowsPerWarp + mt * 16 + group + 8 * half;
-      n = min(n, p.out_features - 1);
-      w_row[mt][half] = static_cast<const T*>(p.weight) + n * p.weight_stride_out;
-    }
+  for (int half = 0; half < 2; ++half) {
+    int n = row0 + warp * Cfg::kRowsPerWarp + group + 8 * half;
+    n = min(n, p.out_features - 1);
+    w_row[half] = static_cast<const T*>(p.weight) + n * p.weight_stride_out;
+  }
 
-  // W registers: [depth][mt][half][v] 16-byte vectors; vector v of a chunk covers k
+  // W registers: [depth][half][v] 16-byte vectors; vector v of a chunk covers k
   // [8 * (4v + quad), +8) -- the warp reads 64 contiguous bytes of each row per instruction.
-  uint4 w_buf[kDepth][kMTiles][2][2];
-  float acc[kMTiles][kNTiles][4];
+  uint4 w_buf[kDepth][2][2];
+  float acc[kNTiles][4];
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+  for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  auto issue_w = [&](int chunk, uint4 (&dst)[kMTiles][2][2]) {
+  auto issue_w = [&](int chunk, uint4 (&dst)[2][2]) {
     const bool full = chunk < full_chunks;
     const int kc = k_begin + chunk * kChunk;
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int v = 0; v < 2; ++v)
-          dst[mt][half][v] = load_w_vector<T>(w_row[mt][half], kc + 8 * (4 * v + quad), k_end, full);
+      for (int v = 0; v < 2; ++v)
+        dst[half][v] = load_w_vector<T>(w_row[half], kc + 8 * (4 * v + quad), k_end, full);
   };
   auto stage_x = [&](int chunk) {
     stage_x_chunk<T, kChunk, kBPad, true>(p, row_offset,
@@ -462,17 +454,14 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyPar
           const int slot = (4 * v + quad) ^ ((group & 1) << 2);
           const uint4 xv = load_shared16(xs + b * kRowBytes + slot * 16);
           const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+          const uint4& lo = w_buf[d][0][v];  // row group
+          const uint4& hi = w_buf[d][1][v];  // row group + 8
+          const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
+          const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              const uint4& lo = w_buf[d][mt][0][v];  // row group
-              const uint4& hi = w_buf[d][mt][1][v];  // row group + 8
-              const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
-              const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
-              MmaOp<T>::run(acc[mt][nt], wl[2 * s], wh[2 * s], wl[2 * s + 1], wh[2 * s + 1],
-                            xw[2 * s], xw[2 * s + 1]);
-            }
+            MmaOp<T>::run(acc[nt], wl[2 * s], wh[2 * s], wl[2 * s + 1], wh[2 * s + 1], xw[2 * s],
+                          xw[2 * s + 1]);
           }
         }
       }
@@ -486,16 +475,14 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyPar
   constexpr int kLd = kRowsPerCta + 4;
   float* partial = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      const int row = warp * Cfg::kRowsPerWarp + mt * 16 + group;
-      const int b = nt * 8 + 2 * quad;
-      partial[b * kLd + row] = acc[mt][nt][0];
-      partial[(b + 1) * kLd + row] = acc[mt][nt][1];
-      partial[b * kLd + row + 8] = acc[mt][nt][2];
-      partial[(b + 1) * kLd + row + 8] = acc[mt][nt][3];
-    }
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const int row = warp * Cfg::kRowsPerWarp + group;
+    const int b = nt * 8 + 2 * quad;
+    partial[b * kLd + row] = acc[nt][0];
+    partial[(b + 1) * kLd + row] = acc[nt][1];
+    partial[b * kLd + row + 8] = acc[nt][2];
+    partial[(b + 1) * kLd + row + 8] = acc[nt][3];
+  }
   finish_tile<T, kRowsPerCta>(p, smem_base, row0);
 }
 
