@@ -440,6 +440,17 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(0) if device == "cuda" else (platform.processor() or platform.machine())
 
 
+def build_inputs():
+    """The hash of the sources the loaded extension was built from (setup.py writes it; tools/dev.py
+    recomputes it from a checkout): names the kernels even where git_commit is the checkout's stale
+    HEAD (a copied working tree with uncommitted changes)."""
+    try:
+        from vga_linear import _build_info
+        return getattr(_build_info, "BUILD_INPUTS", None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def environment(device: str, op: OpInfo | None = None, argv=None) -> dict:
     """What ran where: the metadata every JSON result carries."""
     try:
@@ -451,6 +462,7 @@ def environment(device: str, op: OpInfo | None = None, argv=None) -> dict:
         "device": device, "device_name": device_name(device), "cpu_fallback": device == "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "triton": pkg_version("triton"),
         "python": platform.python_version(), "host": platform.node(), "git_commit": git_commit(),
+        "build_inputs": build_inputs(),
         "cpu_count": os.cpu_count() or 1, "torch_threads": torch.get_num_threads(), "loadavg_1min": load1,
         "fp32_matmul_precision": torch.get_float32_matmul_precision(),
         "argv": sys.argv[1:] if argv is None else list(argv),
