@@ -45,6 +45,7 @@
 
 #include "element_types.cuh"
 #include "problem.cuh"
+#include "shared_memory_opt_in.cuh"
 #include "sm90/ptx.cuh"
 
 namespace vga {
@@ -701,20 +702,6 @@ inline SkinnyParams make_params(const ForwardProblem& p, int slice_len) {
   return s;
 }
 
-// Raise the dynamic shared-memory limit once per kernel instantiation and device (the attribute
-// is per function and per device).
-template <auto kKernel>
-inline void ensure_smem_limit(int smem) {
-  if (smem <= 48 * 1024) return;
-  static int configured[64] = {};  // one table per kernel instantiation
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device < 0 || device >= 64 || !configured[device]) {
-    cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (device >= 0 && device < 64) configured[device] = 1;
-  }
-}
-
 inline void set_cluster_attribute(cudaLaunchAttribute* attribute, int slices) {
   attribute->id = cudaLaunchAttributeClusterDimension;
   attribute->val.clusterDim.x = slices;
@@ -726,7 +713,7 @@ inline void set_cluster_attribute(cudaLaunchAttribute* attribute, int slices) {
 // asked once per kernel, device and cluster size). slices == 1: no limit that matters (extra
 // CTAs form later waves, counted by the caller's own arithmetic only through waves = 1).
 template <auto kKernel, int kThreadCount = kThreads>
-inline int64_t resident_cluster_ctas(int smem, int slices) {
+inline int64_t resident_cluster_ctas(int smem, int slices, const char* family) {
   if (slices <= 1) return int64_t(1) << 40;
   static int cache[64][4] = {};  // [device][log2 slices]: 0 unknown, -1 query failed, else clusters
   int device = 0;
@@ -734,7 +721,7 @@ inline int64_t resident_cluster_ctas(int smem, int slices) {
   const int slot = slices == 2 ? 1 : slices == 4 ? 2 : 3;
   int clusters = (device >= 0 && device < 64) ? cache[device][slot] : 0;
   if (clusters == 0) {
-    ensure_smem_limit<kKernel>(smem);
+    opt_in_shared_memory<kKernel>(smem, family);
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(slices, 1, 1);
     config.blockDim = dim3(kThreadCount, 1, 1);
@@ -757,8 +744,9 @@ inline int64_t resident_cluster_ctas(int smem, int slices) {
 // Launch grid (slices, row_tiles) of kThreadCount-thread CTAs, as clusters of `slices` CTAs
 // along grid x when slices > 1 (sm90_skinny launches through this too).
 template <auto kKernel, int kThreadCount = kThreads, typename... Args>
-inline void launch_skinny(int smem, const LaunchPlan& plan, cudaStream_t stream, const Args&... args) {
-  ensure_smem_limit<kKernel>(smem);
+inline void launch_skinny(const char* family, int smem, const LaunchPlan& plan, cudaStream_t stream,
+                          const Args&... args) {
+  opt_in_shared_memory<kKernel>(smem, family);
   if (plan.slices == 1) {
     kKernel<<<dim3(1, plan.row_tiles, 1), kThreadCount, smem, stream>>>(args...);
     return;
@@ -778,9 +766,9 @@ inline void launch_skinny(int smem, const LaunchPlan& plan, cudaStream_t stream,
 template <auto kKernel, int kRowsPerCta, int kChunk, int kSmem>
 inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
   const LaunchPlan plan = plan_launch(p, kRowsPerCta, kChunk, [&](int slices) {
-    return resident_cluster_ctas<kKernel>(kSmem, slices);
+    return resident_cluster_ctas<kKernel>(kSmem, slices, "skinny");
   });
-  launch_skinny<kKernel>(kSmem, plan, stream, make_params(p, plan.slice_len));
+  launch_skinny<kKernel>("skinny", kSmem, plan, stream, make_params(p, plan.slice_len));
 }
 
 template <typename T>

@@ -185,12 +185,13 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   // The split: skinny's plan (slices chosen against the clusters that can be resident).
   const skinny_detail::LaunchPlan plan =
       skinny_detail::plan_launch(p, kBlockRows, kBlockK, [&](int slices) {
-        return skinny_detail::resident_cluster_ctas<kKernel, kThreads>(Cfg::kSharedBytes, slices);
+        return skinny_detail::resident_cluster_ctas<kKernel, kThreads>(Cfg::kSharedBytes, slices, "sm90_skinny");
       });
   args.kblocks_per_slice = static_cast<int>(ceil_div(args.num_kblocks, plan.slices));
   args.epilogue = skinny_detail::make_params(p, 0);
 
-  skinny_detail::launch_skinny<kKernel, kThreads>(Cfg::kSharedBytes, plan, stream, x_map, w_map, args);
+  skinny_detail::launch_skinny<kKernel, kThreads>("sm90_skinny", Cfg::kSharedBytes, plan, stream, x_map, w_map,
+                                                  args);
 }
 
 template <typename Element>

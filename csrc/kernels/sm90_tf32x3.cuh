@@ -41,6 +41,7 @@
 #include <cstdint>
 
 #include "problem.cuh"
+#include "shared_memory_opt_in.cuh"
 #include "skinny.cuh"
 #include "sm90/ptx.cuh"
 #include "sm90/views.cuh"
@@ -324,15 +325,7 @@ static inline void launch(const ForwardProblem& p, cudaStream_t stream) {
   args.num_kblocks = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
   args.a_is_4d = rows.four_d ? 1 : 0;
 
-  // The shared-memory opt-in is per device: a second Hopper GPU in the process needs its own.
-  static bool configured[64] = {};
-  if (p.device_index < 0 || p.device_index >= 64 || !configured[p.device_index]) {
-    const cudaError_t status =
-        cudaFuncSetAttribute(tf32x3_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
-    STD_TORCH_CHECK(status == cudaSuccess, "vga sm90_tf32x3: cannot reserve ", kSharedBytes,
-                    " bytes of shared memory: ", cudaGetErrorString(status));
-    if (p.device_index >= 0 && p.device_index < 64) configured[p.device_index] = true;
-  }
+  opt_in_shared_memory<tf32x3_gemm_kernel>(kSharedBytes, "sm90_tf32x3");
   // The group raster ends on a partial group: grid = all tiles, every CTA maps to one of them.
   const int64_t tiles = static_cast<int64_t>(args.m_tiles) * args.n_tiles;
   tf32x3_gemm_kernel<<<static_cast<unsigned>(tiles), kThreads, kSharedBytes, stream>>>(x_map, w_map, args);

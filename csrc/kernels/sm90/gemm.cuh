@@ -30,6 +30,7 @@
 
 #include "../element_types.cuh"
 #include "../problem.cuh"
+#include "../shared_memory_opt_in.cuh"
 #include "epilogue.cuh"
 #include "ptx.cuh"
 #include "schedule.cuh"
@@ -433,13 +434,11 @@ struct ClusterLaunch {
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 int max_active_clusters(int cluster_size) {
   using Tile = TileShape<kBlockN>;
-  auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster>;
-  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
-  STD_TORCH_CHECK(status == cudaSuccess, "vga sm90_gemm: cannot reserve ", Tile::kSharedBytes,
-                  " bytes of shared memory: ", cudaGetErrorString(status));
+  constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster>;
+  opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
   ClusterLaunch launch(1, cluster_size, Tile::kSharedBytes, nullptr);
   int clusters = 0;
-  status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
+  const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
   STD_TORCH_CHECK(status == cudaSuccess && clusters > 0, "vga sm90_gemm: no cluster of ", cluster_size,
                   " CTAs fits: ", cudaGetErrorString(status));
   return clusters;

@@ -1,0 +1,29 @@
+// A kernel's opt-in to more than 48 KB of dynamic shared memory (host side). The attribute is
+// per function and per device, so each (kernel, device) pair asks once: a second GPU in the
+// process gets its own opt-in. A failure names the family and the size asked for.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <atomic>
+
+namespace vga {
+
+template <auto kKernel>
+inline void opt_in_shared_memory(int bytes, const char* family) {
+  if (bytes <= 48 * 1024) return;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices] = {};  // one table per kernel
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": no current CUDA device: ", cudaGetErrorString(status));
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached && done[device].load(std::memory_order_acquire)) return;
+  status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": cannot reserve ", bytes,
+                  " bytes of shared memory: ", cudaGetErrorString(status));
+  if (cached) done[device].store(true, std::memory_order_release);
+}
+
+}  // namespace vga
