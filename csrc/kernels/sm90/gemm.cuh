@@ -323,6 +323,19 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      if constexpr (!kInCluster) {
+        // Every stage filled has been released by the consumers of both CTAs: after this no
+        // arrival from the peer targets this CTA's barriers, and no copy of the peer's lands in
+        // its shared memory, so the CTA may exit without a cluster barrier (one fewer
+        // cluster-wide wait at the end of every call).
+        for (int s = 0; s < kStages; ++s) {
+          mbarrier_wait(&empty[stage], phase ^ 1);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
     }
     if constexpr (kInCluster) cluster_sync();  // the consumers' barrier before the sum of the partial tiles
   } else {
@@ -400,7 +413,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  cluster_sync();  // no CTA leaves while a peer may still arrive on its barriers or read its partial tile
+  // With the split in the cluster, no CTA leaves while a peer may still read its partial tile;
+  // paired CTAs are held by their producer's wait on the last stages instead.
+  if constexpr (kInCluster) cluster_sync();
 #else
   __trap();
 #endif
