@@ -103,12 +103,12 @@ struct LoadCursor {
 
 __device__ __forceinline__ LoadCursor load_cursor(const TileCoord& c, const CoreArgs& args) {
   LoadCursor cur;
-  cur.group = c.kb_begin / args.kblocks_per_group;
+  cur.group = fast_divide(c.kb_begin, args.div_kblocks_per_group);
   cur.k = (c.kb_begin - cur.group * args.kblocks_per_group) * kBlockK;
   cur.b_shard = c.n_group;
   cur.b_column = c.n0;
   if (args.b_shard_width > 0) {  // one group spanning the shards
-    cur.b_shard = c.n0 / args.b_shard_width;
+    cur.b_shard = fast_divide(c.n0, args.div_b_shard_width);
     cur.b_column = c.n0 - cur.b_shard * args.b_shard_width;
   }
   return cur;
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Where the k-block lies in its group (a shard's h for the forward): the group's last k-block
       // runs only the k steps that hold data, not its zero fill (a 64-deep k-block of an 80- or
       // 96-wide head is 75% or 50% zeros).
-      int k_in_group = (c.kb_begin % args.kblocks_per_group) * kBlockK;
+      int k_in_group = (c.kb_begin - fast_divide(c.kb_begin, args.div_kblocks_per_group) * args.kblocks_per_group) * kBlockK;
       for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
         const int k_left = args.k_group_width - k_in_group;
         const int k_steps = k_left < kBlockK ? (k_left + 15) / 16 : kBlockK / 16;
@@ -526,6 +526,7 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
     args.group_units = args.cluster_along_n ? kGroupM : kGroupM / kClusterM;
   }
   args.tiles_per_split = args.m_units * args.n_units;
+  set_tile_walk_divisors(args);
   const bool grid_split = plan.splits > 1 && !plan.in_cluster;
   args.num_cluster_tiles = args.tiles_per_split * (grid_split ? plan.splits : 1);
   args.partials = nullptr;
