@@ -13,8 +13,8 @@
 // and 64: two and four times the tiles, for the outputs whose wider tiles leave SMs idle: 100-1024
 // rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there), k-blocks of 64 elements (one
 // 128-byte swizzle row; a group's last k-block runs only the k steps that hold data). Warpgroup 0
-// is the producer (one thread issues TMA), warpgroups 1-2 each own 64 rows of the tile (one
-// m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As many stages as fit in 227 KB (4 at
+// is the producer (its first warp walks the tiles, one elected lane issues TMA), warpgroups 1-2
+// each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As many stages as fit in 227 KB (4 at
 // 256, 5 at 192, 7 at 128, 8 at 64) form a full/empty mbarrier ring. CTAs run in clusters of 2:
 // along M, both tiles of a cluster use the same B panel, each CTA loads half of it (alternate
 // boxes: 2 + 1 of a 192-wide MN-major panel) and multicasts it to both (L2 -> SM traffic per tile
@@ -92,7 +92,7 @@ __device__ __forceinline__ void copy_4d(bool multicast, void* dst, const CUtenso
 }
 
 // Where the producer's next k-block of a tile lies, advanced by additions: the producer is one
-// thread, and its instructions a stage bound the stage rate (run 43: three integer divisions a
+// warp, and its instructions a stage bound the stage rate (run 43: three integer divisions a
 // stage made grad_weight's producer ~1.5x slower than grad_x's, and its consumers waited on it).
 struct LoadCursor {
   int group;     // the reduction group: a shard (forward), an outer batch index (grad_weight), 0 (grad_x)
