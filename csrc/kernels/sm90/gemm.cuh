@@ -14,15 +14,16 @@
 // rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there), k-blocks of 64 elements (one
 // 128-byte swizzle row; a group's last k-block runs only the k steps that hold data). Warpgroup 0
 // is the producer (its first warp walks the tiles, one elected lane issues TMA), warpgroups 1-2
-// each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As many stages as fit in 227 KB (4 at
-// 256, 5 at 192, 7 at 128, 8 at 64) form a full/empty mbarrier ring. CTAs run in clusters of 2:
-// along M, both tiles of a cluster use the same B panel, each CTA loads half of it (alternate
-// boxes: 2 + 1 of a 192-wide MN-major panel) and multicasts it to both (L2 -> SM traffic per tile
-// 48 -> 32 KB a k-block at 256, where the unshared panel would need ~9 TB/s of L2 bandwidth); along
-// N (one or an odd number of row tiles, and always at 64 wide, where A is the larger tile and an
-// MN-major B is a single box) they share the A panel the same way. Or, for few tiles, in clusters
-// of S = 2, 4 or 8 that split one tile's reduction and add it up in distributed shared memory.
-// The tile walk and the split of the reduction are schedule.cuh's; the stores are epilogue.cuh's.
+// each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As
+// many stages as fit in 227 KB (4 at 256, 5 at 192, 7 at 128, 8 at 64) form a full/empty mbarrier
+// ring. CTAs run in clusters of 2: along M, both tiles of a cluster use the same B panel, each CTA
+// loads half of it (alternate boxes: 2 + 1 of a 192-wide MN-major panel) and multicasts it to both
+// (L2 -> SM traffic per tile 48 -> 32 KB a k-block at 256, where the unshared panel would need
+// ~9 TB/s of L2 bandwidth); along N (one or an odd number of row tiles, and always at 64 wide,
+// where A is the larger tile and an MN-major B is a single box) they share the A panel the same
+// way. Or, for few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction and add it
+// up in distributed shared memory. The tile walk and the split of the reduction are schedule.cuh's;
+// the stores are epilogue.cuh's.
 #pragma once
 
 #include <algorithm>
@@ -101,15 +102,21 @@ struct LoadCursor {
   int b_column;
 };
 
+// The first element of k-block `kb` within its reduction group (the producer's cursor starts
+// there; the consumers count from it which k-block is a group's last, partly filled one).
+__device__ __forceinline__ int k_in_group(int kb, int group, const CoreArgs& args) {
+  return (kb - group * args.kblocks_per_group.divisor) * kBlockK;
+}
+
 __device__ __forceinline__ LoadCursor load_cursor(const TileCoord& c, const CoreArgs& args) {
   LoadCursor cur;
-  cur.group = fast_divide(c.kb_begin, args.div_kblocks_per_group);
-  cur.k = (c.kb_begin - cur.group * args.kblocks_per_group) * kBlockK;
+  cur.group = fast_divide(c.kb_begin, args.kblocks_per_group);
+  cur.k = k_in_group(c.kb_begin, cur.group, args);
   cur.b_shard = c.n_group;
   cur.b_column = c.n0;
-  if (args.b_shard_width > 0) {  // one group spanning the shards
-    cur.b_shard = fast_divide(c.n0, args.div_b_shard_width);
-    cur.b_column = c.n0 - cur.b_shard * args.b_shard_width;
+  if (args.b_shard_width.divisor > 0) {  // one group spanning the shards
+    cur.b_shard = fast_divide(c.n0, args.b_shard_width);
+    cur.b_column = c.n0 - cur.b_shard * args.b_shard_width.divisor;
   }
   return cur;
 }
@@ -119,6 +126,15 @@ __device__ __forceinline__ void advance(LoadCursor& cur, int group_elements) {
   if (cur.k == group_elements) {
     cur.k = 0;
     ++cur.group;
+  }
+}
+
+// The next stage of the ring (and its phase after a wrap), for the producer and the consumers alike.
+template <int kStages>
+__device__ __forceinline__ void next_stage(int& stage, uint32_t& phase) {
+  if (++stage == kStages) {
+    stage = 0;
+    phase ^= 1;
   }
 }
 
@@ -161,8 +177,9 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
       int b_shard = cur.b_shard;
       // One group spanning the shards: a 64-column box never straddles two (H % 64 == 0); without
       // it the columns past the group's width are past H, zero-filled.
-      while (args.b_shard_width > 0 && column >= args.b_shard_width) {
-        column -= args.b_shard_width;
+      const int shard_width = args.b_shard_width.divisor;
+      while (shard_width > 0 && column >= shard_width) {
+        column -= shard_width;
         ++b_shard;
       }
       copy_4d(multicast, dst, b_map, bar, column, row0, outer, b_shard);
@@ -297,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool issuer = elect_one_lane();
       int stage = 0;
       uint32_t phase = 0;
-      const int group_elements = args.kblocks_per_group * kBlockK;
+      const int group_elements = args.kblocks_per_group.divisor * kBlockK;
       for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
         const TileCoord c = tile_coord<kBlockN, kInCluster>(tile, cta_rank, args);
         LoadCursor cur = load_cursor(c, args);
@@ -317,10 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           __syncwarp();
           advance(cur, group_elements);
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          next_stage<kStages>(stage, phase);
         }
       }
       if constexpr (!kInCluster) {
@@ -330,10 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // cluster-wide wait at the end of every call).
         for (int s = 0; s < kStages; ++s) {
           mbarrier_wait(&empty[stage], phase ^ 1);
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          next_stage<kStages>(stage, phase);
         }
       }
     }
@@ -366,11 +377,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Where the k-block lies in its group (a shard's h for the forward): the group's last k-block
       // runs only the k steps that hold data, not its zero fill (a 64-deep k-block of an 80- or
       // 96-wide head is 75% or 50% zeros).
-      int k_in_group = (c.kb_begin - fast_divide(c.kb_begin, args.div_kblocks_per_group) * args.kblocks_per_group) * kBlockK;
+      int k_in_tile_group = k_in_group(c.kb_begin, fast_divide(c.kb_begin, args.kblocks_per_group), args);
       for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
-        const int k_left = args.k_group_width - k_in_group;
+        const int k_left = args.k_group_width - k_in_tile_group;
         const int k_steps = k_left < kBlockK ? (k_left + 15) / 16 : kBlockK / 16;
-        k_in_group = k_left <= kBlockK ? 0 : k_in_group + kBlockK;
+        k_in_tile_group = k_left <= kBlockK ? 0 : k_in_tile_group + kBlockK;
         mbarrier_wait(&full[stage], phase);
         const uint64_t desc_a = a_descriptor<kKind>(a_tiles + stage * Tile::kATileBytes, consumer);
         const uint64_t desc_b = b_descriptor<kKind>(b_tiles + stage * Tile::kBTileBytes);
@@ -387,10 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait_group<1>();
         if (kb > c.kb_begin && warp_leader) release_stage<kInCluster>(&empty[previous_stage]);
         previous_stage = stage;
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        next_stage<kStages>(stage, phase);
       }
       wgmma_wait_group<0>();
       // (a forced in-cluster slice may have no k-blocks, so no stage to release)
@@ -505,30 +513,33 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
   const CorePlan plan = choose_plan(shape, resident, forced);
   const int64_t rows = shape.m_outer * shape.m_inner;
   args.m_inner = static_cast<int>(shape.m_inner);
-  args.m_inner_tiles = static_cast<int>(ceil_div(shape.m_inner, kBlockM));
-  args.m_tiles = static_cast<int>(shape.m_outer) * args.m_inner_tiles;
+  args.m_inner_tiles = make_fast_divisor(static_cast<int>(ceil_div(shape.m_inner, kBlockM)));
+  args.m_tiles = static_cast<int>(shape.m_outer) * args.m_inner_tiles.divisor;
   args.n_group_width = static_cast<int>(shape.n_group_width);
-  args.n_group_tiles = static_cast<int>(ceil_div(shape.n_group_width, plan.block_n));
-  args.n_tiles = static_cast<int>(shape.n_groups) * args.n_group_tiles;
+  args.n_group_tiles = make_fast_divisor(static_cast<int>(ceil_div(shape.n_group_width, plan.block_n)));
+  args.n_tiles = static_cast<int>(shape.n_groups) * args.n_group_tiles.divisor;
   args.kblocks = static_cast<int>(shape.kblocks());
-  args.kblocks_per_group = static_cast<int>(shape.kblocks_per_group());
+  args.kblocks_per_group = make_fast_divisor(static_cast<int>(shape.kblocks_per_group()));
   args.k_group_width = static_cast<int>(shape.k_group_width);
   args.kblocks_per_split = plan.kblocks_per_split;
   args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;
   args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n) ? 1 : 0;
+  int group_units = 0;  // m units a raster group holds
   if (plan.in_cluster) {
     args.m_units = args.m_tiles;
     args.n_units = args.n_tiles;
-    args.group_units = kGroupM;
+    group_units = kGroupM;
   } else {
     args.m_units = args.cluster_along_n ? args.m_tiles : static_cast<int>(ceil_div(args.m_tiles, kClusterM));
     args.n_units = args.cluster_along_n ? static_cast<int>(ceil_div(args.n_tiles, kClusterM)) : args.n_tiles;
-    args.group_units = args.cluster_along_n ? kGroupM : kGroupM / kClusterM;
+    group_units = args.cluster_along_n ? kGroupM : kGroupM / kClusterM;
   }
-  args.tiles_per_split = args.m_units * args.n_units;
-  set_tile_walk_divisors(args);
+  args.group_units = make_fast_divisor(group_units);
+  args.last_group_units = make_fast_divisor(args.m_units - (args.m_units - 1) / group_units * group_units);
+  args.group_tiles = make_fast_divisor(group_units * args.n_units);
+  args.tiles_per_split = make_fast_divisor(args.m_units * args.n_units);
   const bool grid_split = plan.splits > 1 && !plan.in_cluster;
-  args.num_cluster_tiles = args.tiles_per_split * (grid_split ? plan.splits : 1);
+  args.num_cluster_tiles = args.tiles_per_split.divisor * (grid_split ? plan.splits : 1);
   args.partials = nullptr;
   args.partial_stride = 0;
   if (grid_split) {

@@ -29,11 +29,10 @@ constexpr int kClusterM = 2;
 constexpr int kGroupM = 16;  // 16 beat 8 by 1-3% on the prefill shapes (less DRAM traffic under the power cap)
 static_assert(kGroupM % kClusterM == 0, "a group holds whole clusters");
 
-// Division by a divisor fixed for the launch, as a multiply-high and a shift (Granlund and
-// Montgomery's round-up method; the host computes the constants): exact for 0 <= n < 2^31 and
-// 1 <= d < 2^31. The tile walk divides by the launch's tile counts on every tile; as IMAD
-// division sequences in one dependent chain those cost the producer ~0.8 µs before a call's
-// first copy (run 50) and every consumer the same per tile.
+// A count the tile walk divides by, with the constants that make the division a multiply-high and
+// a shift (Granlund and Montgomery's round-up method): exact for 0 <= n < 2^31 and 1 <= d < 2^31.
+// As IMAD division sequences in one dependent chain the walk's divisions cost the producer ~0.8 µs
+// before a call's first copy (run 50) and every consumer the same per tile. divisor 0: unset.
 struct FastDivisor {
   int divisor;
   uint32_t multiplier;
@@ -42,6 +41,7 @@ struct FastDivisor {
 
 inline FastDivisor make_fast_divisor(int divisor) {
   FastDivisor f{divisor, 0, 0};
+  if (divisor <= 0) return f;
   uint32_t shift = 0;
   while ((uint64_t(1) << shift) < static_cast<uint64_t>(divisor)) ++shift;
   f.shift = shift;
@@ -68,44 +68,28 @@ struct CoreArgs {
   const void* bias;         // forward only; added here when splits == 1
   int64_t bias_stride;
   int m_inner;
-  int m_inner_tiles;
+  FastDivisor m_inner_tiles;
   int m_tiles;
   int n_group_width;
-  int n_group_tiles;
+  FastDivisor n_group_tiles;
   int n_tiles;
   int kblocks;
-  int kblocks_per_group;
+  FastDivisor kblocks_per_group;
   int k_group_width;  // reduction elements of a group: its last k-block holds the rest, zero-filled past it
   int kblocks_per_split;
   int cluster_along_n;  // 0: a cluster's CTAs are adjacent row tiles (B shared), 1: column tiles (A shared)
   int cluster_size;     // CTAs a cluster: kClusterM (the pairs), or the in-cluster split's slices (2, 4, 8)
   int m_units;          // cluster tiles along M: ceil(m_tiles / kClusterM), or m_tiles (along N, in-cluster split)
   int n_units;          // cluster tiles along N: n_tiles, or ceil(n_tiles / kClusterM) along N
-  int group_units;      // m units a raster group holds (kGroupM row tiles)
-  int tiles_per_split;  // cluster tiles of one split
+  FastDivisor group_units;       // m units a raster group holds (kGroupM row tiles)
+  FastDivisor last_group_units;  // ... and the last group, which may hold fewer
+  FastDivisor group_tiles;       // cluster tiles of a raster group: group_units x n_units
+  FastDivisor tiles_per_split;   // cluster tiles of one split
   int num_cluster_tiles;
-  int b_shard_width;    // grad_weight with H % 64 == 0: B's columns span shards of this width; 0 otherwise
+  FastDivisor b_shard_width;  // grad_weight with H % 64 == 0: B's columns span shards of this width; 0 otherwise
   int a_4d;
   int vector_store;  // out (or the partials) 16-byte aligned and out_ld % 8 == 0
-  // The walk's divisors (set by set_tile_walk_divisors): tiles_per_split, a raster group's
-  // cluster tiles, its m units (full groups and the last one), m_inner_tiles, n_group_tiles,
-  // kblocks_per_group and b_shard_width (1 when unused).
-  FastDivisor div_tiles_per_split, div_group_tiles, div_group_units, div_last_group_units, div_m_inner_tiles,
-      div_n_group_tiles, div_kblocks_per_group, div_b_shard_width;
 };
-
-// Fills the divisors of the walk from the counts already in `a`.
-inline void set_tile_walk_divisors(CoreArgs& a) {
-  const int last_group_units = a.m_units - (a.m_units - 1) / a.group_units * a.group_units;
-  a.div_tiles_per_split = make_fast_divisor(a.tiles_per_split);
-  a.div_group_tiles = make_fast_divisor(a.group_units * a.n_units);
-  a.div_group_units = make_fast_divisor(a.group_units);
-  a.div_last_group_units = make_fast_divisor(last_group_units);
-  a.div_m_inner_tiles = make_fast_divisor(a.m_inner_tiles);
-  a.div_n_group_tiles = make_fast_divisor(a.n_group_tiles);
-  a.div_kblocks_per_group = make_fast_divisor(a.kblocks_per_group);
-  a.div_b_shard_width = make_fast_divisor(a.b_shard_width > 0 ? a.b_shard_width : 1);
-}
 
 struct TileCoord {
   int outer;        // outer index of the tile's rows
@@ -124,27 +108,27 @@ __device__ __forceinline__ TileCoord tile_coord(int tile, uint32_t cta_rank, con
   const int rank = static_cast<int>(cta_rank);
   int split = rank;
   if constexpr (!kInCluster) {
-    split = fast_divide(tile, a.div_tiles_per_split);
-    tile -= split * a.tiles_per_split;
+    split = fast_divide(tile, a.tiles_per_split);
+    tile -= split * a.tiles_per_split.divisor;
   }
-  const int group = fast_divide(tile, a.div_group_tiles);
-  const int first_unit = group * a.group_units;
-  const bool full_group = a.m_units - first_unit >= a.group_units;
-  const FastDivisor& group_m = full_group ? a.div_group_units : a.div_last_group_units;
-  const int in_group = tile - group * a.div_group_tiles.divisor;
+  const int group = fast_divide(tile, a.group_tiles);
+  const int first_unit = group * a.group_units.divisor;
+  const bool full_group = a.m_units - first_unit >= a.group_units.divisor;
+  const FastDivisor& group_m = full_group ? a.group_units : a.last_group_units;
+  const int in_group = tile - group * a.group_tiles.divisor;
   const int n_unit = fast_divide(in_group, group_m);
   const int m_unit = first_unit + in_group - n_unit * group_m.divisor;
   const bool pairs_rows = !kInCluster && !a.cluster_along_n;
   const bool pairs_columns = !kInCluster && a.cluster_along_n;
   const int m_tile = pairs_rows ? m_unit * kClusterM + rank : m_unit;
   const int n_tile = pairs_columns ? n_unit * kClusterM + rank : n_unit;
-  const int outer = fast_divide(m_tile, a.div_m_inner_tiles);
-  const int n_group = fast_divide(n_tile, a.div_n_group_tiles);
+  const int outer = fast_divide(m_tile, a.m_inner_tiles);
+  const int n_group = fast_divide(n_tile, a.n_group_tiles);
   TileCoord c;
   c.outer = outer;
-  c.inner0 = (m_tile - outer * a.m_inner_tiles) * kBlockM;
+  c.inner0 = (m_tile - outer * a.m_inner_tiles.divisor) * kBlockM;
   c.n_group = n_group;
-  c.n0 = (n_tile - n_group * a.n_group_tiles) * kBlockN;
+  c.n0 = (n_tile - n_group * a.n_group_tiles.divisor) * kBlockN;
   c.kb_begin = split * a.kblocks_per_split;
   c.kb_end = min(a.kblocks, c.kb_begin + a.kblocks_per_split);
   c.split = split;
