@@ -20,7 +20,8 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
            "sm90_gemm/n64/s5", "sm90_gemm/n128/s16", "sm90_gemm/n128/c2", "sm90_gemm/n256/c4", "sm90_gemm/n64/c4",
            "sm90_gemm/n128/c8"]
 # (R, batch, H, K): tails in rows (not a multiple of 128 or 64), K (not a multiple of 64, 128, 256),
-# H (80, 96, 8), one batch row, odd tile counts for the clusters of 2, two batch dims.
+# H (80, 96, 8), one batch row, odd tile counts for the clusters of 2, two batch dims; shards
+# narrower than a k-block (16, 48) and a 112-wide one whose reduction splits start inside a shard.
 SHAPES = [
     (4, (130,), 64, 200),
     (3, (77,), 80, 264),
@@ -32,6 +33,9 @@ SHAPES = [
     (2, (2, 130), 136, 40),
     (3, (90,), 128, 1000),    # grad_weight tiles spanning shards (H % 64 == 0), an odd shard count
     (5, (128,), 192, 600),    # one row tile: the cluster pairs column tiles and shares A
+    (7, (150,), 16, 104),
+    (5, (2, 70), 48, 136),
+    (9, (260,), 112, 264),
 ]
 
 

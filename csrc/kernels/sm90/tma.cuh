@@ -40,7 +40,7 @@ inline CUtensorMap encode_swizzled_tensor_map(const void* base, CUtensorMapDataT
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult result = tensor_map_encoder()(
       &map, type, static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, byte_strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   STD_TORCH_CHECK(result == CUDA_SUCCESS, "vga sm90 TMA: cuTensorMapEncodeTiled failed with error ",
                   static_cast<int>(result));
