@@ -111,12 +111,16 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p):
     return cost
 
 
-def core_shape(rec, kind, skips_fill=True):
-    """schedule.cuh's CoreShape: the reduction is k_groups x k_group_width. `skips_fill`: the kernel
-    skips each group's zero-filled k steps (False for measurements before it did, runs 22-33)."""
+def core_shape(rec, kind, skips_fill=True, packs_tails=True):
+    """schedule.cuh's CoreShape: the reduction is k_groups x k_group_width (+ the forward's packed
+    shard tails). `skips_fill`: the kernel skips each group's zero-filled k steps (False for
+    measurements before it did, runs 22-33); `packs_tails`: the forward packs the tail columns of
+    shards with H % 64 = 16 or 32 into whole k-blocks (False for measurements before it did, runs 22-58)."""
     R, H, K, rows = rec["R"], rec["H"], rec["K"], rec["rows"]
     if kind == "fwd":
-        shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=K, k_groups=R, k_group_width=H)
+        tail = H % 64 if packs_tails and H % 64 in (16, 32) else 0
+        shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=K, k_groups=R, k_group_width=H - tail,
+                     tail_kblocks=math.ceil(R * tail / 64), tail_elements=R * tail)
     elif kind == "gx":
         shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=R * H, k_groups=1, k_group_width=K)
     else:
@@ -127,20 +131,21 @@ def core_shape(rec, kind, skips_fill=True):
 
 
 def kblocks(shape):
-    return shape["k_groups"] * math.ceil(shape["k_group_width"] / 64)
+    return shape["k_groups"] * math.ceil(shape["k_group_width"] / 64) + shape.get("tail_kblocks", 0)
 
 
 def reduction_elements(shape):
     """The reduction the MMAs run: without each group's zero fill where the kernel skips it."""
-    return shape["k_groups"] * shape["k_group_width"] if shape["skips_fill"] else kblocks(shape) * 64
+    data = shape["k_groups"] * shape["k_group_width"] + shape.get("tail_elements", 0)
+    return data if shape["skips_fill"] else kblocks(shape) * 64
 
 
-def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True):
+def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, packs_tails=True):
     out = []
     for rec, kind in itertools.product(recs, kinds):
         if kind == "fwd" and rec["rows"] <= 64:
             continue  # the skinny families take these rows (the dispatch order)
-        shape = core_shape(rec, kind, skips_fill)
+        shape = core_shape(rec, kind, skips_fill, packs_tails)
         measured = []
         for key, t in rec.items():
             if key.startswith(kind + "_sm90_gemm/") and isinstance(t, float):
@@ -169,7 +174,7 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True):
     return out
 
 
-def fit(path, kinds):
+def fit(path, kinds, packs_tails=True):
     """Coordinate descent over each constant's grid (a few sweeps), scoring a constant set by its worst
     regret (rounded to 0.01: a cliff costs more than 2% everywhere), then its mean regret."""
     recs = [json.loads(line) for line in open(path)]
@@ -181,7 +186,7 @@ def fit(path, kinds):
     p = {k: v[len(v) // 2] for k, v in grid.items()}
 
     def score(q):
-        r = regrets(recs, q, kinds)
+        r = regrets(recs, q, kinds, packs_tails=packs_tails)
         return (round(max(r), 2), sum(r) / len(r))
 
     best = score(p)
@@ -193,7 +198,7 @@ def fit(path, kinds):
                 if sc < best:
                     best, p = sc, q
     print(f"best constants {p}: worst regret {best[0]:.2f}, mean {best[1]:.4f}")
-    regrets(recs, p, kinds, report=True)
+    regrets(recs, p, kinds, report=True, packs_tails=packs_tails)
 
 
 def main():
@@ -206,13 +211,15 @@ def main():
     parser.add_argument("--configs", type=lambda s: s.split(";"), default=CONFIGS)
     parser.add_argument("--kinds", type=lambda s: tuple(s.split(",")), default=("fwd", "gx", "gw"),
                         help="--fit: the products to fit (fwd, gx, gw)")
+    parser.add_argument("--unpacked-tails", action="store_true",
+                        help="--fit: the file was measured before the forward packed shard tails (runs up to 58)")
     parser.add_argument("--once", action="store_true",
                         help="run every product once, untimed: the launches for ncu to profile side by side")
     parser.add_argument("--rep-ms", type=float, default=15.0, help="time budget of one median")
     parser.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", "240")))
     args = parser.parse_args()
     if args.fit:
-        fit(args.fit, args.kinds)
+        fit(args.fit, args.kinds, packs_tails=not args.unpacked_tails)
     else:
         measure(args)
 

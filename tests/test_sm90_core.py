@@ -21,7 +21,9 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
            "sm90_gemm/n128/c8"]
 # (R, batch, H, K): tails in rows (not a multiple of 128 or 64), K (not a multiple of 64, 128, 256),
 # H (80, 96, 8), one batch row, odd tile counts for the clusters of 2, two batch dims; shards
-# narrower than a k-block (16, 48) and a 112-wide one whose reduction splits start inside a shard.
+# narrower than a k-block (16, 32, 48) and a 112-wide one whose reduction splits start inside a
+# shard. H % 64 = 16 or 32 packs the shards' tail columns into k-blocks of 4 or 2 shards (80, 96,
+# 16, 32; R not a multiple of that: the last such k-block reads shards past R as zeros).
 SHAPES = [
     (4, (130,), 64, 200),
     (3, (77,), 80, 264),
@@ -36,6 +38,8 @@ SHAPES = [
     (7, (150,), 16, 104),
     (5, (2, 70), 48, 136),
     (9, (260,), 112, 264),
+    (6, (2, 90), 32, 200),
+    (17, (150,), 80, 392),
 ]
 
 

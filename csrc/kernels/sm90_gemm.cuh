@@ -2,7 +2,9 @@
 // there are more rows than the skinny families take: the GEMM core (sm90/gemm.cuh) as kForward.
 // A is x through its (H, rows, R) / (H, inner, outer, R) TMA view, B is W through (H, R, K),
 // both K-major; the k-block (r, h0) of a tile is one bulk copy each, zero-filled past H, so the
-// concat is never materialised. Tile width (64, 128, 192 or 256) and reduction split (none, across the
+// concat is never materialised. Where H % 64 is 16 or 32 (80-, 96-, 32-wide heads) the shards'
+// tail columns are packed instead, 64 / (H % 64) shards' tails to a k-block after the shards'
+// whole k-blocks (boxes of 32- or 64-byte rows, one shard's block after another: gemm.cuh). Tile width (64, 128, 192 or 256) and reduction split (none, across the
 // grid, or in a cluster) come from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they
 // fill the GPU, narrower tiles and splits where they would leave SMs idle (100-1024 rows, small K).
 #pragma once
@@ -27,28 +29,49 @@ inline const char* sm90_gemm_refusal(const ForwardProblem& p) {
   return nullptr;
 }
 
+// The shards' tail columns (H % 64 of them) packed 64 / (H % 64) shards to a k-block, where that
+// divides: a k-block's cost is its boxes' rows and bytes, zero fill included, not the data it holds
+// (benchmarks/NOTES.md, run 54), so an 80-wide head's k-block of 16 columns and 48 zeros costs
+// what a full one costs; packed, four shards' tails are one full k-block. 0: no packing.
+inline int64_t sm90_gemm_packed_tail(const ForwardProblem& p) {
+  const int64_t tail = p.shard_width % sm90::kBlockK;
+  return (tail == 16 || tail == 32) ? tail : 0;
+}
+
 inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   using namespace sm90;
   const RowView rows = row_view(p);
   const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
+  const int64_t tail = sm90_gemm_packed_tail(p);
+  const int64_t tail_shards = tail > 0 ? kBlockK / tail : 0;
   CoreShape shape;
   shape.m_outer = rows.outer;
   shape.m_inner = rows.inner;
   shape.n_groups = 1;
   shape.n_group_width = p.out_features;
   shape.k_groups = p.num_shards;
-  shape.k_group_width = p.shard_width;
+  shape.k_group_width = p.shard_width - tail;  // with packed tails, the shards' whole k-blocks only
+  shape.tail_kblocks = tail > 0 ? ceil_div(p.num_shards, tail_shards) : 0;
+  shape.tail_elements = p.num_shards * tail;
   CoreArgs args{};
   args.out = p.out;
   args.out_ld = p.out_features;
   args.bias = p.bias;
   args.bias_stride = p.bias_stride;
   args.a_4d = rows.four_d ? 1 : 0;
+  args.tail_shards = static_cast<int>(tail_shards);
+  args.tail_h = static_cast<int>(p.shard_width - tail);
   auto w_map_for = [&](int block_n) { return w_tensor_map(p, kBlockK, block_n / kClusterM); };
+  auto tail_maps_for = [&](int block_n) {
+    const cuuint32_t box_h = static_cast<cuuint32_t>(tail);
+    const CUtensorMapSwizzle swizzle = tail == 16 ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B;
+    return TailMaps{x_tensor_map(p, rows, box_h, 64, false, static_cast<cuuint32_t>(tail_shards), swizzle),
+                    w_tensor_map(p, box_h, block_n / kClusterM, swizzle)};
+  };
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
-    run_core<GemmKind::kForward, Element>(shape, args, x_map, w_map_for, p.workspace, p.forced,
-                                          p.device_index, stream);
+    run_core<GemmKind::kForward, Element>(shape, args, x_map, w_map_for, p.workspace, p.forced, p.device_index,
+                                          stream, tail_maps_for);
   });
 }
 

@@ -12,7 +12,9 @@
 // tiles fill the last round badly (1.2 rounds of them are 2 rounds) at almost the same reuse; 128
 // and 64: two and four times the tiles, for the outputs whose wider tiles leave SMs idle: 100-1024
 // rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there), k-blocks of 64 elements (one
-// 128-byte swizzle row; a group's last k-block runs only the k steps that hold data). Warpgroup 0
+// 128-byte swizzle row; a group's last k-block runs only the k steps that hold data; the forward
+// packs shards' 16- or 32-column tails 4 or 2 to a k-block, as a stage costs what it copies, zero
+// fill included, not the data it holds: kTailShards instantiations). Warpgroup 0
 // is the producer (its first warp walks the tiles, one elected lane issues TMA), warpgroups 1-2
 // each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As
 // many stages as fit in 227 KB (4 at 256, 5 at 192, 7 at 128, 8 at 64) form a full/empty mbarrier
@@ -62,6 +64,16 @@ struct TileShape {
   static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256, "wgmma N of the core");
   static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
   static_assert(PartialTile<kBlockN>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
+};
+
+// The forward's views of its packed shard tails (unused by the other kinds): x and W through their
+// usual views, with boxes of the tail columns (H % 64 = 16 or 32: 32- or 64-byte rows, swizzled as
+// wide). A k-block of them holds 64 / (H % 64) shards: A is one box over those shards a 64-row
+// part (a [shard][row][tail] block each), B one box a shard a half ([shard][row][tail] blocks of
+// the whole tile width), so that each shard's k steps are one K-major tile for wgmma.
+struct TailMaps {
+  CUtensorMap a;
+  CUtensorMap b;
 };
 
 template <GemmKind kKind>
@@ -138,24 +150,32 @@ __device__ __forceinline__ void next_stage(int& stage, uint32_t& phase) {
   }
 }
 
-// The producer's copies for the k-block at `cur` of tile `c` into one stage (all complete on `bar`).
-// A is two 64-row (or, MN-major, 64-column) boxes of 8 KB; B is two K-major halves (the
+// The producer's copies for k-block `kb` (at `cur`) of tile `c` into one stage (all complete on
+// `bar`). A is two 64-row (or, MN-major, 64-column) boxes of 8 KB; B is two K-major halves (the
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
 // between its CTAs, each multicasting its part; the other one each CTA loads whole for itself.
-template <GemmKind kKind, int kBlockN, bool kInCluster>
+// The forward's packed tail k-blocks come through the tail maps, from shard (kb - first) * shards.
+template <GemmKind kKind, int kBlockN, bool kInCluster, int kTailShards>
 __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const CUtensorMap* a_map,
-                                           const CUtensorMap* b_map, uint64_t* bar, const TileCoord& c,
-                                           const LoadCursor& cur, uint32_t cta_rank, const CoreArgs& args) {
+                                           const CUtensorMap* b_map, const TailMaps* tails, uint64_t* bar,
+                                           const TileCoord& c, const LoadCursor& cur, int kb, uint32_t cta_rank,
+                                           const CoreArgs& args) {
   constexpr int kBParts = kKind == GemmKind::kForward ? 2 : kBlockN / 64;
   constexpr int kBPartBytes = kBlockN * kBlockK * 2 / kBParts;
   const bool share_a = args.cluster_along_n != 0;
   const int rank = static_cast<int>(cta_rank);
   // The reduction coordinate: (shard, h0) of x and W, k0 of grad_out and W, (outer, row0) of grad_out and x.
   const int shard = cur.group, h0 = cur.k, k0 = cur.k, outer = cur.group, row0 = cur.k;
+  const bool tail = kTailShards > 0 && kb >= args.tail_kblock_begin;
+  const int tail_shard = (kb - args.tail_kblock_begin) * kTailShards;
   auto load_a = [&](int part, bool multicast) {  // rows (or columns) 64 * part .. + 63 of the tile
     uint8_t* dst = a_dst + part * kMnBlockBytes;
     if constexpr (kKind == GemmKind::kForward) {
-      if (args.a_4d) {
+      if (tail && args.a_4d) {
+        copy_4d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + 64 * part, c.outer, tail_shard);
+      } else if (tail) {
+        copy_3d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + 64 * part, tail_shard);
+      } else if (args.a_4d) {
         copy_4d(multicast, dst, a_map, bar, h0, c.inner0 + 64 * part, c.outer, shard);
       } else {
         copy_3d(multicast, dst, a_map, bar, h0, c.inner0 + 64 * part, shard);
@@ -169,7 +189,16 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
   auto load_b = [&](int part, bool multicast) {
     uint8_t* dst = b_dst + part * kBPartBytes;
     if constexpr (kKind == GemmKind::kForward) {
-      copy_3d(multicast, dst, b_map, bar, h0, shard, c.n0 + part * (kBlockN / 2));
+      if (tail) {  // shard s's block of the tile's rows: [s][kBlockN][tail], this half at its half
+        constexpr int kRowBytes = kTailShards > 0 ? 128 / kTailShards : 128;
+#pragma unroll
+        for (int s = 0; s < kTailShards; ++s) {
+          copy_3d(multicast, b_dst + (s * kBlockN + part * (kBlockN / 2)) * kRowBytes, &tails->b, bar, args.tail_h,
+                  tail_shard + s, c.n0 + part * (kBlockN / 2));
+        }
+      } else {
+        copy_3d(multicast, dst, b_map, bar, h0, shard, c.n0 + part * (kBlockN / 2));
+      }
     } else if constexpr (kKind == GemmKind::kGradInput) {
       copy_3d(multicast, dst, b_map, bar, c.n0 + 64 * part, k0, 0);
     } else {
@@ -249,15 +278,33 @@ __host__ __device__ constexpr uint64_t descriptor_step() {
 // The k steps of one k-block, one committed wgmma group. Each step count is a straight chain with
 // its own commit: a branch around single wgmmas, or a commit after the branches join, makes ptxas
 // fence and track the wgmmas apart (info C7519) and wait for the current k-block's group.
+// Where k step kk of a stage's operand tile starts, in descriptor units: (kk & 1) * odd +
+// (kk >> 1) * pair (the packed shard tails' steps are not evenly spaced: two 32-byte steps a
+// 64-byte-wide shard block, then the next block).
+struct KSteps {
+  uint64_t odd, pair;
+};
+template <int kTrans>
+__device__ __forceinline__ KSteps even_k_steps() {
+  return {descriptor_step<kTrans>(), 2 * descriptor_step<kTrans>()};
+}
+// The packed shard tails' k steps in a tile of `kRows` K-major rows of 128 / kShards bytes a shard.
+template <int kRows, int kShards>
+__device__ __forceinline__ constexpr KSteps shard_tail_k_steps() {
+  constexpr uint64_t kBlock = static_cast<uint64_t>(kRows * (128 / kShards)) / 16;
+  return kShards == 4 ? KSteps{kBlock, 2 * kBlock} : KSteps{32 / 16, kBlock};
+}
+
 template <int kSteps, GemmKind kKind, typename Element, int kBlockN>
-__device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t desc_a, uint64_t desc_b, bool first) {
+__device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t desc_a, KSteps a_steps,
+                                           uint64_t desc_b, KSteps b_steps, bool first) {
   constexpr int kTransA = Majorness<kKind>::kTransA;
   constexpr int kTransB = Majorness<kKind>::kTransB;
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    Wgmma<kBlockN, Element, kTransA, kTransB>::run(acc, desc_a + kk * descriptor_step<kTransA>(),
-                                                   desc_b + kk * descriptor_step<kTransB>(),
+    Wgmma<kBlockN, Element, kTransA, kTransB>::run(acc, desc_a + (kk & 1) * a_steps.odd + (kk >> 1) * a_steps.pair,
+                                                   desc_b + (kk & 1) * b_steps.odd + (kk >> 1) * b_steps.pair,
                                                    (!first || kk != 0) ? 1u : 0u);
   }
   wgmma_commit_group();
@@ -273,10 +320,10 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t d
 // ring's memory holds the CTA's partial tile for the cluster's sum. The split in the cluster is a
 // separate instantiation (kInCluster): compiled into the paired kernel as runtime branches it cost
 // that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows; run 27's A/B).
-template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
+template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTailShards>
 __global__ void __launch_bounds__(kThreads, 1)
     core_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                     const CoreArgs args) {
+                     const __grid_constant__ TailMaps tails, const CoreArgs args) {
 #ifdef VGA_SM90A_DEVICE
   using Tile = TileShape<kBlockN>;
   constexpr int kStages = Tile::kStages;
@@ -303,6 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_barrier_init();
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&b_map);
+    if (kTailShards > 0) {
+      prefetch_tensor_map(&tails.a);
+      prefetch_tensor_map(&tails.b);
+    }
   }
   cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrival
 
@@ -328,9 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbarrier_wait(&empty[stage], phase ^ 1);
           if (issuer) {
             mbarrier_arrive_expect_tx(&full[stage], stage_bytes);
-            load_stage<kKind, kBlockN, kInCluster>(a_tiles + stage * Tile::kATileBytes,
-                                                   b_tiles + stage * Tile::kBTileBytes, &a_map, &b_map, &full[stage], c,
-                                                   cur, cta_rank, args);
+            load_stage<kKind, kBlockN, kInCluster, kTailShards>(a_tiles + stage * Tile::kATileBytes,
+                                                   b_tiles + stage * Tile::kBTileBytes, &a_map, &b_map, &tails,
+                                                   &full[stage], c, cur, kb, cta_rank, args);
           }
           __syncwarp();
           advance(cur, group_elements);
@@ -379,21 +430,38 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 96-wide head is 75% or 50% zeros).
       int k_in_tile_group = k_in_group(c.kb_begin, fast_divide(c.kb_begin, args.kblocks_per_group), args);
       for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
-        const int k_left = args.k_group_width - k_in_tile_group;
-        const int k_steps = k_left < kBlockK ? (k_left + 15) / 16 : kBlockK / 16;
-        k_in_tile_group = k_left <= kBlockK ? 0 : k_in_tile_group + kBlockK;
+        const bool tail_block = kTailShards > 0 && kb >= args.tail_kblock_begin;
+        int k_steps = kBlockK / 16;
+        if (!tail_block) {
+          const int k_left = args.k_group_width - k_in_tile_group;
+          k_steps = k_left < kBlockK ? (k_left + 15) / 16 : kBlockK / 16;
+          k_in_tile_group = k_left <= kBlockK ? 0 : k_in_tile_group + kBlockK;
+        }
         mbarrier_wait(&full[stage], phase);
-        const uint64_t desc_a = a_descriptor<kKind>(a_tiles + stage * Tile::kATileBytes, consumer);
-        const uint64_t desc_b = b_descriptor<kKind>(b_tiles + stage * Tile::kBTileBytes);
         const bool first = kb == c.kb_begin;
-        if (k_steps == 4) {
-          mma_kblock<4, kKind, Element, kBlockN>(acc, desc_a, desc_b, first);
-        } else if (k_steps == 3) {
-          mma_kblock<3, kKind, Element, kBlockN>(acc, desc_a, desc_b, first);
-        } else if (k_steps == 2) {
-          mma_kblock<2, kKind, Element, kBlockN>(acc, desc_a, desc_b, first);
+        if (tail_block) {  // packed shard tails: a whole k-block (shards past R are zeros), a block a shard
+          constexpr int kShards = kTailShards > 0 ? kTailShards : 1;
+          constexpr int kRowBytes = 128 / kShards;
+          mma_kblock<4, kKind, Element, kBlockN>(
+              acc, k_major_swizzled_descriptor(a_tiles + stage * Tile::kATileBytes + consumer * kMnBlockBytes, kRowBytes),
+              shard_tail_k_steps<kBlockM / 2, kShards>(),
+              k_major_swizzled_descriptor(b_tiles + stage * Tile::kBTileBytes, kRowBytes),
+              shard_tail_k_steps<kBlockN, kShards>(), first);
         } else {
-          mma_kblock<1, kKind, Element, kBlockN>(acc, desc_a, desc_b, first);
+          // The steps are constants here, so these chains are what they were before the tails.
+          const uint64_t desc_a = a_descriptor<kKind>(a_tiles + stage * Tile::kATileBytes, consumer);
+          const uint64_t desc_b = b_descriptor<kKind>(b_tiles + stage * Tile::kBTileBytes);
+          const KSteps a_steps = even_k_steps<Majorness<kKind>::kTransA>();
+          const KSteps b_steps = even_k_steps<Majorness<kKind>::kTransB>();
+          if (k_steps == 4) {
+            mma_kblock<4, kKind, Element, kBlockN>(acc, desc_a, a_steps, desc_b, b_steps, first);
+          } else if (k_steps == 3) {
+            mma_kblock<3, kKind, Element, kBlockN>(acc, desc_a, a_steps, desc_b, b_steps, first);
+          } else if (k_steps == 2) {
+            mma_kblock<2, kKind, Element, kBlockN>(acc, desc_a, a_steps, desc_b, b_steps, first);
+          } else {
+            mma_kblock<1, kKind, Element, kBlockN>(acc, desc_a, a_steps, desc_b, b_steps, first);
+          }
         }
         wgmma_wait_group<1>();
         if (kb > c.kb_begin && warp_leader) release_stage<kInCluster>(&empty[previous_stage]);
@@ -457,7 +525,7 @@ struct ClusterLaunch {
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 int max_active_clusters(int cluster_size) {
   using Tile = TileShape<kBlockN>;
-  constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster>;
+  constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0>;
   opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
   ClusterLaunch launch(1, cluster_size, Tile::kSharedBytes, nullptr);
   int clusters = 0;
@@ -496,19 +564,45 @@ const ResidentClusters& resident_clusters(int32_t device_index) {
   return r;
 }
 
+// The kernels with packed shard tails are separate instantiations (the forward's only), by the
+// shards a tail k-block holds: compiled into the others as runtime branches they made the n128
+// forward 16-22% slower on every shape (run 57).
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
-void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const CoreArgs& args, int clusters,
-                        cudaStream_t stream) {
-  ClusterLaunch launch(clusters, args.cluster_size, TileShape<kBlockN>::kSharedBytes, stream);
-  cudaLaunchKernelEx(&launch.config, core_gemm_kernel<kKind, Element, kBlockN, kInCluster>, a_map, b_map, args);
+void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const TailMaps& tails,
+                        const CoreArgs& args, int clusters, cudaStream_t stream) {
+  using Tile = TileShape<kBlockN>;
+  ClusterLaunch launch(clusters, args.cluster_size, Tile::kSharedBytes, stream);
+  if constexpr (kKind == GemmKind::kForward) {
+    if (args.tail_shards == 2) {
+      constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 2>;
+      opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");  // (the others opt in with the plan)
+      cudaLaunchKernelEx(&launch.config, kernel, a_map, b_map, tails, args);
+      return;
+    }
+    if (args.tail_shards == 4) {
+      constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 4>;
+      opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
+      cudaLaunchKernelEx(&launch.config, kernel, a_map, b_map, tails, args);
+      return;
+    }
+  }
+  cudaLaunchKernelEx(&launch.config, core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0>, a_map, b_map, tails,
+                     args);
 }
 
-// Plans, fills the tile counts of `args` (whose out, out_ld, bias and a_4d the family set),
-// launches the core and, for a split across the grid, the fixed-order sum of the partials.
-// `b_map_for(block_n)` builds the B view, whose box may depend on the tile width.
-template <GemmKind kKind, typename Element, typename BMapFor>
+// No packed shard tails (the kinds other than the forward, and heads that do not pack).
+struct NoTailMaps {
+  TailMaps operator()(int /*block_n*/) const { return TailMaps{}; }
+};
+
+// Plans, fills the tile counts of `args` (whose out, out_ld, bias, a_4d and, with packed shard
+// tails, tail_shards and tail_h the family set), launches the core and, for a split across the
+// grid, the fixed-order sum of the partials. `b_map_for(block_n)` builds the B view, whose box may
+// depend on the tile width; `tail_maps_for(block_n)` the views of the shape's tail k-blocks.
+template <GemmKind kKind, typename Element, typename BMapFor, typename TailMapsFor = NoTailMaps>
 void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, BMapFor&& b_map_for,
-              const WorkspaceRequest& workspace, ForcedConfig forced, int32_t device_index, cudaStream_t stream) {
+              const WorkspaceRequest& workspace, ForcedConfig forced, int32_t device_index, cudaStream_t stream,
+              TailMapsFor tail_maps_for = {}) {
   const ResidentClusters& resident = resident_clusters<kKind, Element>(device_index);
   const CorePlan plan = choose_plan(shape, resident, forced);
   const int64_t rows = shape.m_outer * shape.m_inner;
@@ -520,6 +614,7 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
   args.n_tiles = static_cast<int>(shape.n_groups) * args.n_group_tiles.divisor;
   args.kblocks = static_cast<int>(shape.kblocks());
   args.kblocks_per_group = make_fast_divisor(static_cast<int>(shape.kblocks_per_group()));
+  args.tail_kblock_begin = static_cast<int>(shape.kblocks() - shape.tail_kblocks);
   args.k_group_width = static_cast<int>(shape.k_group_width);
   args.kblocks_per_split = plan.kblocks_per_split;
   args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;
@@ -550,20 +645,21 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
     args.vector_store = (is_aligned(args.out, 16) && args.out_ld % 8 == 0 && shape.n_group_width % 8 == 0) ? 1 : 0;
   }
   const CUtensorMap b_map = b_map_for(plan.block_n);
+  const TailMaps tails = shape.tail_kblocks > 0 ? tail_maps_for(plan.block_n) : TailMaps{};
   // A split in the cluster walks one tile a cluster (its partial tile takes the ring's memory).
   const int clusters = plan.in_cluster ? args.num_cluster_tiles : std::min(args.num_cluster_tiles, resident.pairs);
   if (plan.block_n == 256) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 256, true> : launch_core_kernel<kKind, Element, 256, false>)(
-        a_map, b_map, args, clusters, stream);
+        a_map, b_map, tails, args, clusters, stream);
   } else if (plan.block_n == 192) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 192, true> : launch_core_kernel<kKind, Element, 192, false>)(
-        a_map, b_map, args, clusters, stream);
+        a_map, b_map, tails, args, clusters, stream);
   } else if (plan.block_n == 128) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 128, true> : launch_core_kernel<kKind, Element, 128, false>)(
-        a_map, b_map, args, clusters, stream);
+        a_map, b_map, tails, args, clusters, stream);
   } else {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 64, true> : launch_core_kernel<kKind, Element, 64, false>)(
-        a_map, b_map, args, clusters, stream);
+        a_map, b_map, tails, args, clusters, stream);
   }
   if (grid_split) {
     const int64_t total = rows * args.out_ld;

@@ -184,6 +184,14 @@ __device__ __forceinline__ uint64_t k_major_swizzle128_descriptor(const void* ti
   return start | (1ull << 16) | (uint64_t(1024 >> 4) << 32) | (1ull << 62);
 }
 
+// The same for rows of `row_bytes` = 128, 64 or 32 bytes written with the swizzle as wide (8-row
+// core groups 8 * row_bytes apart; layout type 1, 2, 3). `tile` must be 8 * row_bytes aligned.
+__device__ __forceinline__ uint64_t k_major_swizzled_descriptor(const void* tile, int row_bytes) {
+  const uint64_t start = (smem_address(tile) & 0x3FFFF) >> 4;
+  const uint64_t layout = row_bytes == 128 ? 1 : row_bytes == 64 ? 2 : 3;
+  return start | (1ull << 16) | (uint64_t((8 * row_bytes) >> 4) << 32) | (layout << 62);
+}
+
 // Shared-memory matrix descriptor for an MN-major tile of 16-bit elements written by TMA with
 // 128-byte swizzle in boxes of 64 MN elements (one 128-byte row) by the k-block's rows: each
 // k row is 128 bytes, 8 k rows make a 1024-byte swizzle atom (stride byte offset: the next 8 k),

@@ -87,6 +87,9 @@ struct CoreArgs {
   FastDivisor tiles_per_split;   // cluster tiles of one split
   int num_cluster_tiles;
   FastDivisor b_shard_width;  // grad_weight with H % 64 == 0: B's columns span shards of this width; 0 otherwise
+  int tail_kblock_begin;  // the first k-block of the forward's packed shard tails (kblocks when there are none)
+  int tail_shards;        // ... shards whose tail columns make one k-block (64 / (H % 64))
+  int tail_h;             // ... the first tail column of a shard (H - H % 64)
   int a_4d;
   int vector_store;  // out (or the partials) 16-byte aligned and out_ld % 8 == 0
 };
@@ -144,8 +147,11 @@ struct CoreShape {
   int64_t m_outer, m_inner;        // rows = m_outer * m_inner
   int64_t n_groups, n_group_width;  // columns = n_groups * n_group_width
   int64_t k_groups, k_group_width;  // reduction = k_groups * k_group_width, each group's last k-block partial
+  // The forward's packed shard tails: k-blocks after the groups', each the tail columns of several
+  // shards, holding `tail_elements` of the reduction in all.
+  int64_t tail_kblocks = 0, tail_elements = 0;
   int64_t kblocks_per_group() const { return ceil_div(k_group_width, kBlockK); }
-  int64_t kblocks() const { return k_groups * kblocks_per_group(); }
+  int64_t kblocks() const { return k_groups * kblocks_per_group() + tail_kblocks; }
 };
 
 struct CorePlan {
@@ -215,7 +221,7 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   const double columns = static_cast<double>(s.n_groups * s.n_group_width);
   // The reduction without the zero fill of each group's last k-block, whose empty k steps the
   // kernel skips (80- and 96-wide heads: 5/8 and 3/4 of the padded k-blocks' steps run).
-  const double reduction = static_cast<double>(s.k_groups * s.k_group_width);
+  const double reduction = static_cast<double>(s.k_groups * s.k_group_width + s.tail_elements);
   const double step_fill = reduction / static_cast<double>(s.kblocks() * kBlockK);
   const double hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / k.hbm_bytes_per_us;
   const double job_us = plan.kblocks_per_split * kblock_us * step_fill + k.job_us;

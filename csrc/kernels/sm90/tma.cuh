@@ -26,11 +26,13 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-// A tiled tensor map with 128-byte swizzle over a 16- or 32-bit tensor.
-// dims/strides innermost first; strides in bytes for dims 1.. (dim 0 is dense).
+// A tiled tensor map with 128-byte swizzle (or the swizzle as wide as a narrower box's rows) over
+// a 16- or 32-bit tensor. dims/strides innermost first; strides in bytes for dims 1.. (dim 0 is
+// dense).
 inline CUtensorMap encode_swizzled_tensor_map(const void* base, CUtensorMapDataType type, int rank,
                                               const cuuint64_t* dims, const cuuint64_t* byte_strides,
-                                              const cuuint32_t* box) {
+                                              const cuuint32_t* box,
+                                              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   // The encoder needs this thread's CUDA context current. A thread whose first CUDA work this is
   // (autograd's device threads run the backward) has none until a runtime call binds the primary
   // context: cudaFree(nullptr) does that, once per thread.
@@ -40,7 +42,7 @@ inline CUtensorMap encode_swizzled_tensor_map(const void* base, CUtensorMapDataT
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult result = tensor_map_encoder()(
       &map, type, static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, byte_strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   STD_TORCH_CHECK(result == CUDA_SUCCESS, "vga sm90 TMA: cuTensorMapEncodeTiled failed with error ",
                   static_cast<int>(result));

@@ -2,7 +2,8 @@
 // never materialised: x is viewed as (H, rows, R), or (H, inner, outer, R) when its two batch
 // dims do not merge, so one box of a shard's h for consecutive rows is one bulk copy, zero-filled
 // past H and past the rows. W is viewed as (H, R, K) along its rows (K-major, the forward) or as
-// (R*H, K) along its columns (MN-major, grad_x); grad_out as (K, rows) both ways.
+// (R*H, K) along its columns (MN-major, grad_x); grad_out as (K, rows) both ways. The forward's
+// packed shard tails use the same views of x and W with narrower boxes (32- or 64-byte swizzle).
 // (Names: csrc/kernels/README.md, "Glossary".)
 #pragma once
 
@@ -47,36 +48,40 @@ inline cuuint64_t tma_byte_stride(int64_t extent, int64_t stride_elements, int64
 }
 
 // x as (H, rows, R) or (H, inner, outer, R); the box is box_h elements of one shard's h for
-// box_rows consecutive rows. With `always_4d` a merged view is still given as 4-D (outer = 1),
-// so one kernel addresses both.
+// box_rows consecutive rows (of box_shards consecutive shards, one after the other: the forward's
+// packed shard tails, whose boxes are 32 or 64 bytes wide and swizzled as wide). With `always_4d`
+// a merged view is still given as 4-D (outer = 1), so one kernel addresses both.
 inline CUtensorMap x_tensor_map(const ForwardProblem& p, const RowView& rows, cuuint32_t box_h, cuuint32_t box_rows,
-                                bool always_4d = false) {
+                                bool always_4d = false, cuuint32_t box_shards = 1,
+                                CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   const int64_t H = p.shard_width;
-  const cuuint32_t box[4] = {box_h, box_rows, 1, 1};
   if (rows.four_d || always_4d) {
     const cuuint64_t dims[4] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(rows.outer),
                                 cuuint64_t(p.num_shards)};
     const cuuint64_t strides[3] = {tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
                                    tma_byte_stride(rows.outer, rows.outer_stride, H, p.dtype),
                                    tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
-    return encode_swizzled_tensor_map(p.x, tensor_map_type(p.dtype), 4, dims, strides, box);
+    const cuuint32_t box[4] = {box_h, box_rows, 1, box_shards};
+    return encode_swizzled_tensor_map(p.x, tensor_map_type(p.dtype), 4, dims, strides, box, swizzle);
   }
   const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(rows.inner), cuuint64_t(p.num_shards)};
   const cuuint64_t strides[2] = {tma_byte_stride(rows.inner, rows.inner_stride, H, p.dtype),
                                  tma_byte_stride(p.num_shards, p.x_stride_shard, H, p.dtype)};
-  return encode_swizzled_tensor_map(p.x, tensor_map_type(p.dtype), 3, dims, strides, box);
+  const cuuint32_t box[3] = {box_h, box_rows, box_shards};
+  return encode_swizzled_tensor_map(p.x, tensor_map_type(p.dtype), 3, dims, strides, box, swizzle);
 }
 
 // W as (H, R, K) (the forward's K-major B): one box is box_h elements of one shard's h for
 // box_rows output features, so a shard's h tail is zero-filled and never reads the next shard
-// (0 * NaN = NaN).
-inline CUtensorMap w_tensor_map(const ForwardProblem& p, cuuint32_t box_h, cuuint32_t box_rows) {
+// (0 * NaN = NaN). `swizzle`: as wide as the box's rows (the packed shard tails' 32 or 64 bytes).
+inline CUtensorMap w_tensor_map(const ForwardProblem& p, cuuint32_t box_h, cuuint32_t box_rows,
+                                CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   const int64_t H = p.shard_width;
   const cuuint64_t dims[3] = {cuuint64_t(H), cuuint64_t(p.num_shards), cuuint64_t(p.out_features)};
   const cuuint64_t strides[2] = {cuuint64_t(H * dtype_size(p.dtype)),
                                  tma_byte_stride(p.out_features, p.weight_stride_out, H, p.dtype)};
   const cuuint32_t box[3] = {box_h, 1, box_rows};
-  return encode_swizzled_tensor_map(p.weight, tensor_map_type(p.dtype), 3, dims, strides, box);
+  return encode_swizzled_tensor_map(p.weight, tensor_map_type(p.dtype), 3, dims, strides, box, swizzle);
 }
 
 // A row-major matrix (`inner` contiguous elements a row, `rows` rows `row_stride` apart, plus an
