@@ -275,9 +275,6 @@ __host__ __device__ constexpr uint64_t descriptor_step() {
   return kTrans ? 2048 / 16 : 32 / 16;
 }
 
-// The k steps of one k-block, one committed wgmma group. Each step count is a straight chain with
-// its own commit: a branch around single wgmmas, or a commit after the branches join, makes ptxas
-// fence and track the wgmmas apart (info C7519) and wait for the current k-block's group.
 // Where k step kk of a stage's operand tile starts, in descriptor units: (kk & 1) * odd +
 // (kk >> 1) * pair (the packed shard tails' steps are not evenly spaced: two 32-byte steps a
 // 64-byte-wide shard block, then the next block).
@@ -295,6 +292,9 @@ __device__ __forceinline__ constexpr KSteps shard_tail_k_steps() {
   return kShards == 4 ? KSteps{kBlock, 2 * kBlock} : KSteps{32 / 16, kBlock};
 }
 
+// The k steps of one k-block, one committed wgmma group. Each step count is a straight chain with
+// its own commit: a branch around single wgmmas, or a commit after the branches join, makes ptxas
+// fence and track the wgmmas apart (info C7519) and wait for the current k-block's group.
 template <int kSteps, GemmKind kKind, typename Element, int kBlockN>
 __device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t desc_a, KSteps a_steps,
                                            uint64_t desc_b, KSteps b_steps, bool first) {
@@ -426,8 +426,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       int previous_stage = 0;
       // Where the k-block lies in its group (a shard's h for the forward): the group's last k-block
-      // runs only the k steps that hold data, not its zero fill (a 64-deep k-block of an 80- or
-      // 96-wide head is 75% or 50% zeros).
+      // runs only the k steps that hold data, not its zero fill (the last k-block of a 112-wide
+      // head is 25% zeros; 80- and 96-wide heads pack their tails instead). The MMAs skipped save
+      // little: the stage's copies cost the same (run 54).
       int k_in_tile_group = k_in_group(c.kb_begin, fast_divide(c.kb_begin, args.kblocks_per_group), args);
       for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
         const bool tail_block = kTailShards > 0 && kb >= args.tail_kblock_begin;

@@ -220,7 +220,9 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   const double rows = static_cast<double>(s.m_outer * s.m_inner);
   const double columns = static_cast<double>(s.n_groups * s.n_group_width);
   // The reduction without the zero fill of each group's last k-block, whose empty k steps the
-  // kernel skips (80- and 96-wide heads: 5/8 and 3/4 of the padded k-blocks' steps run).
+  // kernel skips (a 112-wide head: 7/8 of the padded k-blocks' steps run; 80- and 96-wide heads
+  // pack their tails, ~1). Run 54 measured that a partly filled k-block costs what a full one
+  // costs, so this term flatters unpacked odd widths; a refit needs data with them (NOTES).
   const double reduction = static_cast<double>(s.k_groups * s.k_group_width + s.tail_elements);
   const double step_fill = reduction / static_cast<double>(s.kblocks() * kBlockK);
   const double hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / k.hbm_bytes_per_us;
