@@ -275,21 +275,10 @@ __host__ __device__ constexpr uint64_t descriptor_step() {
   return kTrans ? 2048 / 16 : 32 / 16;
 }
 
-// Where k step kk of a stage's operand tile starts, in descriptor units: (kk & 1) * odd +
-// (kk >> 1) * pair (the packed shard tails' steps are not evenly spaced: two 32-byte steps a
-// 64-byte-wide shard block, then the next block).
-struct KSteps {
-  uint64_t odd, pair;
-};
+// Evenly spaced k steps (every operand tile but the packed shard tails').
 template <int kTrans>
 __device__ __forceinline__ KSteps even_k_steps() {
   return {descriptor_step<kTrans>(), 2 * descriptor_step<kTrans>()};
-}
-// The packed shard tails' k steps in a tile of `kRows` K-major rows of 128 / kShards bytes a shard.
-template <int kRows, int kShards>
-__device__ __forceinline__ constexpr KSteps shard_tail_k_steps() {
-  constexpr uint64_t kBlock = static_cast<uint64_t>(kRows * (128 / kShards)) / 16;
-  return kShards == 4 ? KSteps{kBlock, 2 * kBlock} : KSteps{32 / 16, kBlock};
 }
 
 // The k steps of one k-block, one committed wgmma group. Each step count is a straight chain with

@@ -192,6 +192,19 @@ __device__ __forceinline__ uint64_t k_major_swizzled_descriptor(const void* tile
   return start | (1ull << 16) | (uint64_t((8 * row_bytes) >> 4) << 32) | (layout << 62);
 }
 
+// Where k step kk of a stage's operand tile starts, in descriptor units: (kk & 1) * odd +
+// (kk >> 1) * pair (the packed shard tails' steps are not evenly spaced: two 32-byte steps a
+// 64-byte-wide shard block, then the next block).
+struct KSteps {
+  uint64_t odd, pair;
+};
+// The packed shard tails' k steps in a tile of `kRows` K-major rows of 128 / kShards bytes a shard.
+template <int kRows, int kShards>
+__device__ __forceinline__ constexpr KSteps shard_tail_k_steps() {
+  constexpr uint64_t kBlock = static_cast<uint64_t>(kRows * (128 / kShards)) / 16;
+  return kShards == 4 ? KSteps{kBlock, 2 * kBlock} : KSteps{32 / 16, kBlock};
+}
+
 // Shared-memory matrix descriptor for an MN-major tile of 16-bit elements written by TMA with
 // 128-byte swizzle in boxes of 64 MN elements (one 128-byte row) by the k-block's rows: each
 // k row is 128 bytes, 8 k rows make a 1024-byte swizzle atom (stride byte offset: the next 8 k),
