@@ -1,6 +1,7 @@
 """The benchmarks' shared instrument: the problem and its baselines, timers, ceilings, reporting.
 
-bench.py, sweep.py, families.py, floors.py, bench_distributed.py and train_step.py import it;
+bench.py, sweep.py, families.py, floors.py, bench_distributed.py, train_step.py and graph_calls.py
+import it;
 metrics.py holds the definitions of the numbers (flops, bytes, roofline, precision, formats).
 Nothing here touches the GPU at import time.
 
@@ -19,6 +20,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -296,6 +298,36 @@ def graph_times(timer: GpuTimer, fn, warmup_ms: float = 25.0, rep_ms: float = 10
         return timer.run(g.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
     finally:
         del g
+
+
+def back_to_back_us(fn, calls: int = 20, replays: int = 5) -> float:
+    """Per-call time of `calls` back-to-back calls captured in one CUDA graph (no host gaps, no L2
+    flush: operands stay wherever the previous call left them), median over `replays` replays.
+    The A/B measure of kernel variants in benchmarks/NOTES.md, whose differences of a few percent
+    the flushed eager timings' call-to-call drift would hide."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    del g
+    return statistics.median(times)
 
 
 def peak_mem_bytes(fn, setup) -> int:

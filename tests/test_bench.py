@@ -429,3 +429,16 @@ def test_plan_constants_match_the_fitted_model():
     run37 = [json.loads(line) for line in open(os.path.join(BENCH_DIR, "results", "run37-core-configs.jsonl"))]
     flat = dict(constants, **{f"kblock_us_{n}": constants["kblock_us_256"] for n in (64, 128, 192)})
     assert max(core_configs.regrets(run37, flat, skips_fill=True, packs_tails=False)) > 1.3
+
+
+def test_graph_calls_says_it_needs_a_gpu(tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    script = os.path.join(BENCH_DIR, "graph_calls.py")
+    p = subprocess.run([sys.executable, script, "--layers", "2,64,128", "--rows", "100"], cwd=str(tmp_path),
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "needs a CUDA GPU" in p.stderr
+    p = subprocess.run([sys.executable, script, "--layers", "2,64,128", "--rows", "100", "--kinds", "fwd,bwd"],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "unknown products ['bwd']" in p.stderr

@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Per-call time of the op's products timed back to back in a CUDA graph, against cuBLAS.
+
+    python benchmarks/graph_calls.py --layers '16,80,1280;32,96,3072' --rows 100,256,1024,8192 \
+        [--kinds fwd,gx,gw] [--config sm90_gemm/n128] [--cublas] [--dtype bf16] [--json out.json]
+
+Each (layer R,H,K) x rows point builds fresh random inputs and times `--calls` calls captured in
+one graph (no host gaps, no L2 flush; harness.back_to_back_us): the forward, grad_x and
+grad_weight through the private family ops with `--config` forced (a family, or a GEMM-core
+configuration such as sm90_gemm/n128/c2), and with --cublas the same products on a
+pre-concatenated input (F.linear, grad_y @ W, grad_y^T @ cat(x)). This is how benchmarks/NOTES.md
+compares two builds of the kernels: run it once per build, alternating the builds in one device
+call, and read the differences against the spread between the two runs of each build. The
+flushed, eager figures of bench.py (--suite sweep) stay the performance claims. Needs a GPU.
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import harness as H
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def products(R, H_, K, rows, dtype, config, cublas):
+    """name -> zero-argument callable for the requested implementation of each product."""
+    x = torch.randn(R, rows, H_, device="cuda", dtype=dtype)
+    w = torch.randn(K, R * H_, device="cuda", dtype=dtype) / (R * H_) ** 0.5
+    b = torch.randn(K, device="cuda", dtype=dtype)
+    g = torch.randn(rows, K, device="cuda", dtype=dtype)
+    if cublas:
+        xc = torch.cat(list(x), -1)
+        return {"fwd": lambda: F.linear(xc, w, b), "gx": lambda: g @ w, "gw": lambda: g.t() @ xc}
+    ops = torch.ops.vga
+    return {"fwd": lambda: ops._gather_concat_linear_family(x, w, b, config),
+            "gx": lambda: ops._gather_concat_linear_grad_x_family(g, w, R, config),
+            "gw": lambda: ops._gather_concat_linear_grad_weight_family(g, x, config)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", required=True,
+                        type=lambda s: [tuple(int(v) for v in layer.split(",")) for layer in s.split(";")],
+                        help="R,H,K;R,H,K;...")
+    parser.add_argument("--rows", required=True, type=lambda s: [int(v) for v in s.split(",")])
+    parser.add_argument("--kinds", default=("fwd",), type=lambda s: tuple(s.split(",")),
+                        help="products to time: fwd, gx, gw (default fwd)")
+    parser.add_argument("--config", default="sm90_gemm", help="forced family / core configuration")
+    parser.add_argument("--cublas", action="store_true", help="time cuBLAS on a pre-concatenated input instead")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--calls", type=int, default=20, help="calls captured in the graph")
+    parser.add_argument("--json", help="write the points here")
+    args = parser.parse_args()
+    unknown = sorted(set(args.kinds) - {"fwd", "gx", "gw"})
+    if unknown:
+        parser.error(f"--kinds: unknown products {unknown}; known: fwd, gx, gw")
+    if not torch.cuda.is_available():
+        print("graph_calls.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    info = H.load_op()  # (imports vga_linear, which registers torch.ops.vga)
+    if not args.cublas and not info.kernels_loaded:
+        print(f"graph_calls.py: the CUDA kernels are not loaded ({info.error})", file=sys.stderr)
+        return 1
+    label = "cublas" if args.cublas else args.config
+    points = []
+    for (R, H_, K) in args.layers:
+        for kind in args.kinds:
+            times = []
+            for rows in args.rows:
+                fn = products(R, H_, K, rows, DTYPES[args.dtype], args.config, args.cublas)[kind]
+                us = H.back_to_back_us(fn, calls=args.calls)
+                times.append(us)
+                points.append(dict(R=R, H=H_, K=K, rows=rows, kind=kind, dtype=args.dtype, impl=label, us=us))
+            print(f"{label} {kind} R={R} H={H_} K={K}: " + " ".join(f"{t:8.2f}" for t in times), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=H.environment("cuda", info), rows=args.rows, points=points), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
