@@ -432,12 +432,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tail_block) {  // packed shard tails: a whole k-block (shards past R are zeros), a block a shard
           constexpr int kShards = kTailShards > 0 ? kTailShards : 1;
           constexpr int kRowBytes = 128 / kShards;
-          const uint8_t* a_rows = a_tiles + stage * Tile::kATileBytes + consumer * kMnBlockBytes;
-          const uint8_t* b_rows = b_tiles + stage * Tile::kBTileBytes;
-          mma_kblock<4, kKind, Element, kBlockN>(acc, k_major_swizzled_descriptor(a_rows, kRowBytes),
-                                                 shard_tail_k_steps<kBlockM / 2, kShards>(),
-                                                 k_major_swizzled_descriptor(b_rows, kRowBytes),
-                                                 shard_tail_k_steps<kBlockN, kShards>(), first);
+          mma_kblock<4, kKind, Element, kBlockN>(
+              acc, k_major_swizzled_descriptor(a_tiles + stage * Tile::kATileBytes + consumer * kMnBlockBytes, kRowBytes),
+              shard_tail_k_steps<kBlockM / 2, kShards>(),
+              k_major_swizzled_descriptor(b_tiles + stage * Tile::kBTileBytes, kRowBytes),
+              shard_tail_k_steps<kBlockN, kShards>(), first);
         } else {
           // The steps are constants here, so these chains are what they were before the tails.
           const uint64_t desc_a = a_descriptor<kKind>(a_tiles + stage * Tile::kATileBytes, consumer);
