@@ -281,30 +281,9 @@ def wall_us(fn, setup, device: str, target_s=0.05, min_n=10, max_n=1000) -> floa
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def graph_times(timer: GpuTimer, fn, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> list:
-    """One call captured in a CUDA graph; replays timed like the eager rows (L2 flushed)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    try:
-        return timer.run(g.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
-    finally:
-        del g
-
-
-def back_to_back_us(fn, calls: int = 20, replays: int = 5) -> float:
-    """Per-call time of `calls` back-to-back calls captured in one CUDA graph (no host gaps, no L2
-    flush: operands stay wherever the previous call left them), median over `replays` replays.
-    The A/B measure of kernel variants in benchmarks/NOTES.md, whose differences of a few percent
-    the flushed eager timings' call-to-call drift would hide."""
+def capture_graph(fn, calls: int = 1) -> "torch.cuda.CUDAGraph":
+    """`calls` back-to-back calls of fn captured in one CUDA graph, after three warm-up calls on a
+    side stream (what capture requires: allocator pools and lazy initialisation settled)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -316,7 +295,26 @@ def back_to_back_us(fn, calls: int = 20, replays: int = 5) -> float:
     with torch.cuda.graph(g):
         for _ in range(calls):
             fn()
-    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def graph_times(timer: GpuTimer, fn, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> list:
+    """One call captured in a CUDA graph; replays timed like the eager rows (L2 flushed)."""
+    g = capture_graph(fn)
+    try:
+        return timer.run(g.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    finally:
+        del g
+
+
+def back_to_back_us(fn, calls: int = 20, replays: int = 5) -> float:
+    """Per-call time of `calls` back-to-back calls captured in one CUDA graph (no host gaps, no L2
+    flush: operands stay wherever the previous call left them), median over `replays` replays.
+    The A/B measure of kernel variants in benchmarks/NOTES.md, whose differences of a few percent
+    the flushed eager timings' call-to-call drift would hide."""
+    g = capture_graph(fn, calls)
+    g.replay()  # (the first replay uploads the graph)
     torch.cuda.synchronize()
     times = []
     for _ in range(replays):
