@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../element_types.cuh"
 #include "../problem.cuh"
@@ -562,22 +563,17 @@ void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, cons
                         const CoreArgs& args, int clusters, cudaStream_t stream) {
   using Tile = TileShape<kBlockN>;
   ClusterLaunch launch(clusters, args.cluster_size, Tile::kSharedBytes, stream);
+  auto launch_with = [&](auto tail_shards) {
+    constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, decltype(tail_shards)::value>;
+    // (the unpacked kernels opted in when resident_clusters asked the driver about them)
+    if constexpr (decltype(tail_shards)::value > 0) opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
+    cudaLaunchKernelEx(&launch.config, kernel, a_map, b_map, tails, args);
+  };
   if constexpr (kKind == GemmKind::kForward) {
-    if (args.tail_shards == 2) {
-      constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 2>;
-      opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");  // (the others opt in with the plan)
-      cudaLaunchKernelEx(&launch.config, kernel, a_map, b_map, tails, args);
-      return;
-    }
-    if (args.tail_shards == 4) {
-      constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 4>;
-      opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
-      cudaLaunchKernelEx(&launch.config, kernel, a_map, b_map, tails, args);
-      return;
-    }
+    if (args.tail_shards == 2) return launch_with(std::integral_constant<int, 2>{});
+    if (args.tail_shards == 4) return launch_with(std::integral_constant<int, 4>{});
   }
-  cudaLaunchKernelEx(&launch.config, core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0>, a_map, b_map, tails,
-                     args);
+  launch_with(std::integral_constant<int, 0>{});
 }
 
 // No packed shard tails (the kinds other than the forward, and heads that do not pack).
