@@ -146,14 +146,15 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, p
         if kind == "fwd" and rec["rows"] <= 64:
             continue  # the skinny families take these rows (the dispatch order)
         shape = core_shape(rec, kind, skips_fill, packs_tails)
+        total = kblocks(shape)
         measured = []
         for key, t in rec.items():
             if key.startswith(kind + "_sm90_gemm/") and isinstance(t, float):
                 width, split = key.split("/")[1:]
                 block_n, splits, in_cluster = int(width[1:]), int(split[1:]), split[0] == "c"
-                per_split = math.ceil(kblocks(shape) / splits)
-                used = splits if in_cluster else math.ceil(kblocks(shape) / per_split)
-                if in_cluster and (per_split * (splits - 1) >= kblocks(shape)
+                per_split = math.ceil(total / splits)
+                used = splits if in_cluster else math.ceil(total / per_split)
+                if in_cluster and (per_split * (splits - 1) >= total
                                    or math.prod(tile_counts(shape, block_n)) > RESIDENT[splits]):
                     continue  # the rule gives every CTA of the cluster a slice, all clusters in one round
                 cost = plan_cost(shape, block_n, used, per_split, in_cluster, p)
