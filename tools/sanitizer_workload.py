@@ -9,8 +9,8 @@ for the forward and, where the family has them, the grad_x and grad_weight produ
 autograd backward runs. Every result is checked against the float64 reference, so a clean
 sanitizer report comes with a correct answer. The last shapes give sm90_gemm more tiles than
 there are SMs (each CTA reuses its shared-memory state) and the skinny families a split-K cluster.
---quick (racecheck is ~100x slower than memcheck): the first five shapes (an 80-wide head among
-them: each shard's last k-block partly zero fill), bf16 and fp32 only.
+--quick (racecheck is ~100x slower than memcheck): the first six shapes (80- and 96-wide heads
+among them: sm90_gemm's packed shard tails of 4 and 2 shards a k-block), bf16 and fp32 only.
 """
 
 import sys
@@ -22,8 +22,8 @@ from vga_linear._tolerance import TOLERANCE
 from vga_linear.reference import gather_concat_linear_float64
 
 FAMILIES = vga_linear.ops.KERNEL_FAMILIES
-SHAPES = [(1, 5, 8, 3), (3, 17, 24, 65), (3, 150, 80, 200), (4, 130, 136, 200), (2, 64, 1024, 130), (5, 3, 13, 7),
-          (2, 2050, 64, 2312), (32, 16, 128, 4096)]
+SHAPES = [(1, 5, 8, 3), (3, 17, 24, 65), (3, 150, 80, 200), (3, 140, 96, 136), (4, 130, 136, 200),
+          (2, 64, 1024, 130), (5, 3, 13, 7), (2, 2050, 64, 2312), (32, 16, 128, 4096)]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -51,7 +51,7 @@ def _check_backward(g, x, w, family):
 def main(argv):
     quick = "--quick" in argv
     argv = [name for name in argv if name != "--quick"]
-    shapes, dtypes = (SHAPES[:5], (torch.float32, torch.bfloat16)) if quick else (SHAPES, DTYPES)
+    shapes, dtypes = (SHAPES[:6], (torch.float32, torch.bfloat16)) if quick else (SHAPES, DTYPES)
     if not vga_linear.kernels_loaded():
         sys.exit(f"the CUDA kernels are not loaded: {vga_linear.kernels_not_loaded_reason()}")
     unknown = sorted({name for name in argv if name.split("/")[0] not in FAMILIES})
