@@ -37,6 +37,11 @@ def _family_refuses(x, w, b, family):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES + [(8, (64,), 1024, 520), (32, (16,), 128, 300),
                                             (4, (130,), 136, 200), (2, (300,), 64, 257),
+                                            # packed shard tails (H % 64 = 16, 32) at decode and prefill rows;
+                                            # a decode split whose slices cross into / start in the tail
+                                            # k-blocks, one starting inside a shard (H = 144), 17-32 rows
+                                            (3, (40,), 80, 200), (2, (33,), 96, 72), (5, (150,), 80, 136),
+                                            (8, (16,), 80, 128), (4, (16,), 144, 128), (4, (24,), 96, 136),
                                             # more 128 x 256 tiles than Hopper has SMs, tails in rows and K
                                             (2, (2050,), 64, 2312)], ids=str)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])

@@ -12,10 +12,13 @@
 //     (N = 16, 32 or 64: rows() rounded up; the TMA box zero-fills rows past the batch), over
 //     a slice of the reduction's k-blocks. k-blocks are (shard r, h0) pairs of 64 elements, so
 //     W and x are read through the same 3-D tensor maps as sm90_gemm ((H, R, K) and (H, rows,
-//     R)): one bulk copy each, zero-filled past H, and the concat is never materialised.
-//   * A stage is W's 128 x 64 block (16 KB) plus x's N x 64 block, 128-byte swizzled, both
-//     K-major: wgmma m64nNk16 with A = W, B = x straight from shared memory. As many stages as
-//     fit in 113 KB (4-6), so two CTAs can share an SM and 64-96 KB of W is in flight per CTA.
+//     R)): one bulk copy each, zero-filled past H, and the concat is never materialised. Where
+//     H % 64 is 16 or 32 the shards' tails are packed 4 or 2 to a k-block after the whole ones
+//     (the kTailShards instantiations), as the GEMM core does.
+//   * A stage is W's 128 x 64 block (16 KB) plus x's N x 64 block, 128-byte swizzled (a packed
+//     tail k-block: a block a shard, 32- or 64-byte swizzled), both K-major: wgmma m64nNk16
+//     with A = W, B = x straight from shared memory. As many stages as fit in 113 KB (4-6),
+//     so two CTAs can share an SM and 64-96 KB of W is in flight per CTA.
 //   * Warp 8 is the producer (one thread issues TMA); warps 0-7 consume and release each stage
 //     through a full/empty mbarrier ring.
 //   * Split-K over a thread-block cluster exactly as `skinny` does it (same launch plan, same
@@ -31,6 +34,7 @@
 
 #include "skinny.cuh"
 #include "sm90/ptx.cuh"
+#include "sm90_gemm.cuh"
 #include "sm90/views.cuh"
 
 namespace vga {
@@ -59,15 +63,22 @@ struct Config {
 
 struct StreamArgs {
   skinny_detail::SkinnyParams epilogue;  // out, bias, bias_stride, rows, out_features
-  int kblocks_per_shard;
+  int kblocks_per_shard;  // whole k-blocks a shard (with packed tails: H / 64, else ceil(H / 64))
   int num_kblocks;
   int kblocks_per_slice;
+  int tail_kblock_begin;  // the first k-block of packed shard tails (num_kblocks when none)
+  int tail_h;             // a shard's first tail column (H - H % 64)
 };
 
-template <typename Element, int kN>
+// kTailShards 2 or 4: the shards' last H % 64 = 32 or 16 columns are packed that many shards to a
+// k-block after the shards' whole k-blocks, as in the GEMM core (sm90/gemm.cuh): W's tail is one
+// box a shard ([shard][128 rows][tail]), x's one box over the shards ([shard][kN][tail]), both
+// swizzled as wide as their 32- or 64-byte rows, through the tail maps.
+template <typename Element, int kN, int kTailShards>
 __global__ void __launch_bounds__(kThreads, 1)
     skinny_stream_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                         const StreamArgs args) {
+                         const __grid_constant__ CUtensorMap x_tail_map,
+                         const __grid_constant__ CUtensorMap w_tail_map, const StreamArgs args) {
 #ifdef VGA_SM90A_DEVICE
   using namespace sm90;
   using Cfg = Config<kN>;
@@ -101,16 +112,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x % 32 == 0) {
       prefetch_tensor_map(&x_map);
       prefetch_tensor_map(&w_map);
+      if (kTailShards > 0) {
+        prefetch_tensor_map(&x_tail_map);
+        prefetch_tensor_map(&w_tail_map);
+      }
       int stage = 0;
       uint32_t phase = 0;
+      // The whole k-blocks' (shard, h0), advanced by additions: one division a CTA, none a stage.
+      const int shard_kblocks = max(args.kblocks_per_shard, 1);
+      int shard = first_kblock / shard_kblocks;
+      int h0 = (first_kblock - shard * shard_kblocks) * kBlockK;
       for (int i = 0; i < num_local; ++i) {
         const int kb = first_kblock + i;
-        const int shard = kb / args.kblocks_per_shard;
-        const int h0 = (kb - shard * args.kblocks_per_shard) * kBlockK;
         mbarrier_wait(&empty[stage], phase ^ 1);
         mbarrier_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
-        tma_load_3d(w_tiles + stage * kWTileBytes, &w_map, &full[stage], h0, shard, row0);
-        tma_load_3d(x_tiles + stage * Cfg::kXTileBytes, &x_map, &full[stage], h0, 0, shard);
+        if (kTailShards > 0 && kb >= args.tail_kblock_begin) {
+          constexpr int kRowBytes = 128 / (kTailShards > 0 ? kTailShards : 1);
+          const int shard0 = (kb - args.tail_kblock_begin) * kTailShards;
+#pragma unroll
+          for (int s = 0; s < kTailShards; ++s) {
+            tma_load_3d(w_tiles + stage * kWTileBytes + s * kBlockRows * kRowBytes, &w_tail_map, &full[stage],
+                        args.tail_h, shard0 + s, row0);
+          }
+          tma_load_3d(x_tiles + stage * Cfg::kXTileBytes, &x_tail_map, &full[stage], args.tail_h, 0, shard0);
+        } else {
+          tma_load_3d(w_tiles + stage * kWTileBytes, &w_map, &full[stage], h0, shard, row0);
+          tma_load_3d(x_tiles + stage * Cfg::kXTileBytes, &x_map, &full[stage], h0, 0, shard);
+          h0 += kBlockK;
+          if (h0 == args.kblocks_per_shard * kBlockK) {
+            h0 = 0;
+            ++shard;
+          }
+        }
         if (++stage == Cfg::kStages) {
           stage = 0;
           phase ^= 1;
@@ -125,15 +158,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     int previous_stage = 0;
     for (int i = 0; i < num_local; ++i) {
       mbarrier_wait(&full[stage], phase);
-      const uint64_t desc_w = k_major_swizzle128_descriptor(w_tiles + stage * kWTileBytes + consumer * (kWTileBytes / 2));
-      const uint64_t desc_x = k_major_swizzle128_descriptor(x_tiles + stage * Cfg::kXTileBytes);
-      wgmma_fence();
+      if (kTailShards > 0 && first_kblock + i >= args.tail_kblock_begin) {  // a k-block of packed shard tails
+        constexpr int kShards = kTailShards > 0 ? kTailShards : 1;
+        constexpr int kRowBytes = 128 / kShards;
+        constexpr KSteps kWSteps = shard_tail_k_steps<kBlockRows, kShards>();
+        constexpr KSteps kXSteps = shard_tail_k_steps<kN, kShards>();
+        const uint64_t desc_w =
+            k_major_swizzled_descriptor(w_tiles + stage * kWTileBytes + consumer * 64 * kRowBytes, kRowBytes);
+        const uint64_t desc_x = k_major_swizzled_descriptor(x_tiles + stage * Cfg::kXTileBytes, kRowBytes);
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        // +32 bytes per 16-element k step inside the swizzled row, in 16-byte units.
-        WgmmaM64<kN, Element>::run(acc, desc_w + 2 * kk, desc_x + 2 * kk);
+        for (int kk = 0; kk < kBlockK / 16; ++kk) {
+          WgmmaM64<kN, Element>::run(acc, desc_w + (kk & 1) * kWSteps.odd + (kk >> 1) * kWSteps.pair,
+                                     desc_x + (kk & 1) * kXSteps.odd + (kk >> 1) * kXSteps.pair);
+        }
+        wgmma_commit_group();
+      } else {
+        const uint64_t desc_w =
+            k_major_swizzle128_descriptor(w_tiles + stage * kWTileBytes + consumer * (kWTileBytes / 2));
+        const uint64_t desc_x = k_major_swizzle128_descriptor(x_tiles + stage * Cfg::kXTileBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 16; ++kk) {
+          // +32 bytes per 16-element k step inside the swizzled row, in 16-byte units.
+          WgmmaM64<kN, Element>::run(acc, desc_w + 2 * kk, desc_x + 2 * kk);
+        }
+        wgmma_commit_group();
       }
-      wgmma_commit_group();
       wgmma_wait_group<1>();
       if (i > 0 && warp_leader) mbarrier_arrive(&empty[previous_stage]);
       previous_stage = stage;
@@ -170,18 +221,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ------------------------------------------------------------------ host
 
-template <typename Element, int kN>
+template <typename Element, int kN, int kTailShards>
 inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   using Cfg = Config<kN>;
-  constexpr auto kKernel = skinny_stream_kernel<Element, kN>;
+  constexpr auto kKernel = skinny_stream_kernel<Element, kN, kTailShards>;
   const int64_t H = p.shard_width;
   const sm90::RowView rows = sm90::row_view(p);  // 3-D (checked by the refusal)
   const CUtensorMap x_map = sm90::x_tensor_map(p, rows, kBlockK, kN);
   const CUtensorMap w_map = sm90::w_tensor_map(p, kBlockK, kBlockRows);
+  const int64_t tail = kTailShards > 0 ? kBlockK / kTailShards : 0;
+  // (unused without packed tails: the main views again)
+  CUtensorMap x_tail_map = x_map, w_tail_map = w_map;
+  if (kTailShards > 0) {
+    const CUtensorMapSwizzle swizzle = tail == 16 ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B;
+    x_tail_map = sm90::x_tensor_map(p, rows, static_cast<cuuint32_t>(tail), kN, false, kTailShards, swizzle);
+    w_tail_map = sm90::w_tensor_map(p, static_cast<cuuint32_t>(tail), kBlockRows, swizzle);
+  }
 
   StreamArgs args;
-  args.kblocks_per_shard = static_cast<int>(ceil_div(H, kBlockK));
-  args.num_kblocks = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
+  args.kblocks_per_shard = static_cast<int>(kTailShards > 0 ? H / kBlockK : ceil_div(H, kBlockK));
+  args.tail_kblock_begin = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
+  args.tail_h = static_cast<int>(H - tail);
+  const int64_t tail_kblocks = kTailShards > 0 ? ceil_div(p.num_shards, kTailShards) : 0;
+  args.num_kblocks = args.tail_kblock_begin + static_cast<int>(tail_kblocks);
   // The split: skinny's plan (slices chosen against the clusters that can be resident).
   const skinny_detail::LaunchPlan plan =
       skinny_detail::plan_launch(p, kBlockRows, kBlockK, [&](int slices) {
@@ -191,15 +253,24 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   args.epilogue = skinny_detail::make_params(p, 0);
 
   skinny_detail::launch_skinny<kKernel, kThreads>("sm90_skinny", Cfg::kSharedBytes, plan, stream, x_map, w_map,
-                                                  args);
+                                                  x_tail_map, w_tail_map, args);
+}
+
+// Packed shard tails where H % 64 is 16 or 32 (sm90_gemm_packed_tail): 4 or 2 shards a k-block.
+template <typename Element, int kN>
+inline void launch_packed_or_not(const ForwardProblem& p, cudaStream_t stream) {
+  const int64_t tail = sm90_gemm_packed_tail(p);
+  if (tail == 16) return launch_stream<Element, kN, 4>(p, stream);
+  if (tail == 32) return launch_stream<Element, kN, 2>(p, stream);
+  return launch_stream<Element, kN, 0>(p, stream);
 }
 
 template <typename Element>
 inline void launch_for_rows(const ForwardProblem& p, cudaStream_t stream) {
   const int64_t rows = p.rows();
-  if (rows <= 16) return launch_stream<Element, 16>(p, stream);
-  if (rows <= 32) return launch_stream<Element, 32>(p, stream);
-  return launch_stream<Element, 64>(p, stream);
+  if (rows <= 16) return launch_packed_or_not<Element, 16>(p, stream);
+  if (rows <= 32) return launch_packed_or_not<Element, 32>(p, stream);
+  return launch_packed_or_not<Element, 64>(p, stream);
 }
 
 }  // namespace sm90_skinny
