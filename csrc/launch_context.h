@@ -127,7 +127,8 @@ Tensor empty_cuda_like(const Tensor& like, const std::array<int64_t, N>& sizes, 
 }
 
 // "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n64, n128,
-// n192, n256) and reduction split, across the grid (s<count>) or in the cluster (c2, c4, c8), so
+// n192, n256; or the forward's token widths n112, n176, n240, which run it swapped) and reduction
+// split, across the grid (s<count>) or in the cluster (c2, c4, c8), so
 // tests and benchmarks reach every configuration.
 inline ForcedConfig parse_forced_config(const std::string& options, const std::string& spec, const char* op) {
   ForcedConfig forced;
@@ -139,7 +140,8 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
     int value = 0;
     const bool numeric = option.size() > 1 && option.find_first_not_of("0123456789", 1) == std::string::npos;
     if (numeric) value = std::stoi(option.substr(1));
-    if (numeric && option[0] == 'n' && (value == 64 || value == 128 || value == 192 || value == 256)) {
+    if (numeric && option[0] == 'n' &&
+        (value == 64 || value == 128 || value == 192 || value == 256 || value == 112 || value == 176 || value == 240)) {
       forced.block_n = value;
     } else if (numeric && option[0] == 's' && value >= 1 && value <= 64) {
       forced.splits = value;
@@ -147,7 +149,7 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
       forced.cluster_splits = value;
     } else {
       STD_TORCH_CHECK(false, op, ": bad configuration '", option, "' in '", spec,
-                      "'; expected n64, n128, n192, n256, s<1..64> or c2, c4, c8");
+                      "'; expected n64, n128, n192, n256, n112, n176, n240, s<1..64> or c2, c4, c8");
     }
     start = end + 1;
   }

@@ -1,5 +1,5 @@
-"""The Hopper GEMM core (csrc/kernels/sm90/): every configuration of the forward, grad_x and
-grad_weight products forced through the private family ops against a float64 reference, on
+"""The Hopper GEMM core (csrc/kernels/sm90/): every configuration of the forward (both orientations),
+grad_x and grad_weight products forced through the private family ops against a float64 reference, on
 fresh random inputs, poisoned outputs, tails in every dim, strided and 4-D x; refusals; bitwise
 determinism; the grad_x layout; CUDA-graph capture of both split reductions."""
 
@@ -19,6 +19,9 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
            "sm90_gemm/n256/s2", "sm90_gemm/n192/s2", "sm90_gemm/n192/c2",
            "sm90_gemm/n64/s5", "sm90_gemm/n128/s16", "sm90_gemm/n128/c2", "sm90_gemm/n256/c4", "sm90_gemm/n64/c4",
            "sm90_gemm/n128/c8"]
+# The forward's token widths: the product computed transposed (W's rows as M, the tokens as N), its
+# tile stored transposed; the backward products do not take them.
+TOKEN_CONFIGS = ["sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
 # (R, batch, H, K): tails in rows (not a multiple of 128 or 64), K (not a multiple of 64, 128, 256),
 # H (80, 96, 8), one batch row, odd tile counts for the clusters of 2, two batch dims; shards
 # narrower than a k-block (16, 32, 48) and a 112-wide one whose reduction splits start inside a
@@ -40,7 +43,11 @@ SHAPES = [
     (9, (260,), 112, 264),
     (6, (2, 90), 32, 200),
     (17, (150,), 80, 392),
+    (2, (2, 260), 64, 1000),  # two batch dims, K % 16 = 8: a swapped warp's last 16 W rows are half past K
 ]
+# K odd: no 16-byte stores of output rows (or, swapped, of W rows); the backward kinds refuse it
+# (grad_out's rows are not 16-byte multiples for TMA).
+FORWARD_SHAPES = SHAPES + [(3, (333,), 64, 77)]
 
 
 def _reference_grads(grad_out, x, w):
@@ -68,9 +75,9 @@ def _grad_weight(grad_out, x, family):
     return torch.ops.vga._gather_concat_linear_grad_weight_family(grad_out, x, family)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", CONFIGS + TOKEN_CONFIGS)
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", FORWARD_SHAPES, ids=str)
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 def test_forward_configs(config, dtype, shape, layout):
     R, batch, H, K = shape
@@ -135,6 +142,12 @@ def test_backward_refusals_say_why():
         torch.ops.vga._gather_concat_linear_grad_weight_family(gb, xb, "sm90_gemm/c3")
     with pytest.raises(RuntimeError, match="both a split across the grid .s. and one in the cluster .c."):
         torch.ops.vga._gather_concat_linear_family(xb, wb, None, "sm90_gemm/s2/c2")
+    with pytest.raises(RuntimeError, match="n176 is a token width of the forward; this product takes n64"):
+        torch.ops.vga._gather_concat_linear_grad_x_family(gb, wb, 2, "sm90_gemm/n176")
+    with pytest.raises(RuntimeError, match="n112 is a token width of the forward"):
+        torch.ops.vga._gather_concat_linear_grad_weight_family(gb, xb, "sm90_gemm/n112")
+    with pytest.raises(RuntimeError, match="token widths .n112, n176, n240. take no reduction split"):
+        torch.ops.vga._gather_concat_linear_family(xb, wb, None, "sm90_gemm/n240/s2")
     # What sm90 refuses, auto-dispatch still computes (generic), correctly.
     gx = torch.ops.vga.gather_concat_linear_grad_x(gb, misaligned(wb), 2)
     _assert_close_scaled(gx, _reference_grads(gb, xb, wb)[0], torch.bfloat16)

@@ -4,9 +4,14 @@
 // both K-major; the k-block (r, h0) of a tile is one bulk copy each, zero-filled past H, so the
 // concat is never materialised. Where H % 64 is 16 or 32 (80-, 96-, 32-wide heads) the shards'
 // tail columns are packed instead, 64 / (H % 64) shards' tails to a k-block after the shards'
-// whole k-blocks (boxes of 32- or 64-byte rows, one shard's block after another: gemm.cuh). Tile width (64, 128, 192 or 256) and reduction split (none, across the
-// grid, or in a cluster) come from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they
-// fill the GPU, narrower tiles and splits where they would leave SMs idle (100-1024 rows, small K).
+// whole k-blocks (boxes of 32- or 64-byte rows, one shard's block after another: gemm.cuh). Tile
+// width (64, 128, 192 or 256) and reduction split (none, across the grid, or in a cluster) come
+// from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they fill the GPU, narrower
+// tiles and splits where they would leave SMs idle (100-1024 rows, small K). Or the product runs
+// transposed (kForwardSwapped: W's rows in 128-row tiles, the tokens in tiles of 112, 176 or 240)
+// where the plan model says the tokens' padding to 128-row tiles costs more than 3% (333 rows are
+// 3 x 128 = 384 rows of work, 2 x 176 = 352 swapped): the rule compares the two orientations'
+// cheapest plans. Shapes that pack shard tails keep the first orientation.
 #pragma once
 
 #include "problem.cuh"
@@ -38,6 +43,20 @@ inline int64_t sm90_gemm_packed_tail(const ForwardProblem& p) {
   return (tail == 16 || tail == 32) ? tail : 0;
 }
 
+// The swapped forward's shape: M = W's rows, N = the tokens (groups = x's outer batch index,
+// which a token tile never straddles), the reduction R shards of H (unpacked).
+inline sm90::CoreShape sm90_gemm_token_tile_shape(const ForwardProblem& p, const sm90::RowView& rows) {
+  sm90::CoreShape shape;
+  shape.m_outer = 1;
+  shape.m_inner = p.out_features;
+  shape.n_groups = rows.outer;
+  shape.n_group_width = rows.inner;
+  shape.k_groups = p.num_shards;
+  shape.k_group_width = p.shard_width;
+  shape.token_tiles = true;
+  return shape;
+}
+
 inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   using namespace sm90;
   const RowView rows = row_view(p);
@@ -58,7 +77,7 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   args.out_ld = p.out_features;
   args.bias = p.bias;
   args.bias_stride = p.bias_stride;
-  args.a_4d = rows.four_d ? 1 : 0;
+  args.x_4d = rows.four_d ? 1 : 0;
   args.tail_shards = static_cast<int>(tail_shards);
   args.tail_h = static_cast<int>(p.shard_width - tail);
   auto w_map_for = [&](int block_n) { return w_tensor_map(p, kBlockK, block_n / kClusterM); };
@@ -68,10 +87,34 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
     return TailMaps{x_tensor_map(p, rows, box_h, 64, false, static_cast<cuuint32_t>(tail_shards), swizzle),
                     w_tensor_map(p, box_h, block_n / kClusterM, swizzle)};
   };
+  const CoreShape swapped = sm90_gemm_token_tile_shape(p, rows);
+  const bool forced_token_width = is_token_width(p.forced.block_n);
+  const bool forced_other = p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0;
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
-    run_core<GemmKind::kForward, Element>(shape, args, x_map, w_map_for, p.workspace, p.forced, p.device_index,
-                                          stream, tail_maps_for);
+    bool use_swapped = forced_token_width;
+    ForcedConfig config = p.forced;
+    if (!forced_other && tail == 0) {  // the rule: the cheaper orientation by 3%, as between plans
+      const ResidentClusters& resident = resident_clusters<GemmKind::kForward, Element>(p.device_index);
+      const ResidentClusters& resident_swapped = resident_clusters<GemmKind::kForwardSwapped, Element>(p.device_index);
+      const CorePlan plan = choose_plan(shape, resident, p.forced);
+      const CorePlan plan_swapped = choose_plan(swapped, resident_swapped, p.forced);
+      use_swapped = plan_cost(swapped, plan_swapped, resident_swapped) < 0.97 * plan_cost(shape, plan, resident);
+      const CorePlan& chosen = use_swapped ? plan_swapped : plan;  // pinned, so run_core does not search again
+      config = ForcedConfig{chosen.block_n, chosen.in_cluster ? 0 : chosen.splits, chosen.in_cluster ? chosen.splits : 0};
+    }
+    if (use_swapped) {
+      CoreArgs swapped_args = args;
+      swapped_args.tail_shards = 0;
+      swapped_args.tail_h = 0;
+      const CUtensorMap w_rows_map = w_tensor_map(p, kBlockK, 64);  // an A tile is two 64-row boxes of W
+      auto tokens_map_for = [&](int block_n) { return x_tensor_map(p, rows, kBlockK, block_n / kClusterM); };
+      run_core<GemmKind::kForwardSwapped, Element>(swapped, swapped_args, w_rows_map, tokens_map_for, p.workspace,
+                                                   config, p.device_index, stream);
+    } else {
+      run_core<GemmKind::kForward, Element>(shape, args, x_map, w_map_for, p.workspace, config, p.device_index, stream,
+                                            tail_maps_for);
+    }
   });
 }
 

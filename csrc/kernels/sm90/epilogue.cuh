@@ -1,6 +1,9 @@
 // Epilogues of the GEMM core: a consumer warpgroup's 64 x kBlockN fp32 accumulators go to
 //  * the output as Element (+ bias, forward only), 16-byte stores of 8 columns a lane after a
 //    quad transpose wherever a 32-column strip lies inside the output, element stores at tails;
+//  * or, for the swapped forward (M = W's rows = the output's columns, N = the tokens = its rows),
+//    to the output transposed: 16-byte stores of 8 W rows of one token a lane after an 8 x 8
+//    transpose across the lanes that hold a column's rows, element stores where K ends;
 //  * or, for a split across the grid, to this split's fp32 slice of the partial sums; then
 //    reduce_partials adds the slices in split order (+ bias) into the output;
 //  * or, for a split in the cluster, to this CTA's shared memory as an fp32 partial tile; then
@@ -139,6 +142,71 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
         }
       }
     }
+  }
+}
+
+// Lane bits 2-4 (g = lane / 4) against register bits 0-2, in three swaps of one bit each: before,
+// register k of lane g holds element (g, k) of an 8 x 8 block; after, element (k, g). Lanes of
+// different lane % 4 do not mix.
+__device__ __forceinline__ void transpose_8x8_across_rows(float (&v)[8], int g) {
+#pragma unroll
+  for (int bit = 1; bit <= 4; bit <<= 1) {
+    const bool upper = (g & bit) != 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (i & bit) continue;
+      const float send = upper ? v[i] : v[i | bit];
+      const float received = __shfl_xor_sync(0xffffffffu, send, bit * 4);
+      if (upper) {
+        v[i] = received;
+      } else {
+        v[i | bit] = received;
+      }
+    }
+  }
+}
+
+// The swapped forward's tile: acc[4j + 2*half + e] is W row 16*warp + g + 8*half of the
+// warpgroup's 64 (an output column) for token 8j + 2t + e of the tile (an output row), g = lane / 4,
+// t = lane % 4. Each chunk of 8 registers (j = 2c, 2c + 1; both halves; both e) is transposed
+// across the 8 lanes of one t, after which lane g holds chunk register g's 8 consecutive W rows
+// of its token: one 16-byte store. `row_bias` is the bias of the thread's rows g and g + 8.
+template <typename Element, int kBlockN>
+__device__ __forceinline__ void store_tile_transposed(const float (&acc)[kBlockN / 2], const float (&row_bias)[2],
+                                                      const CoreArgs& a, const TileCoord& c, int consumer,
+                                                      int thread_in_wg) {
+  static_assert(kBlockN % 16 == 0, "whole chunks of 8 registers");
+  if (!c.exists) return;
+  const int warp = thread_in_wg / 32;
+  const int lane = thread_in_wg % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int m_warp = c.inner0 + consumer * 64 + warp * 16;  // the warp's first W row (output column)
+  const int tokens_left = a.n_group_width - c.n0;
+  Element* out =
+      static_cast<Element*>(a.out) + (static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0) * a.out_ld;
+  if (a.vector_store && m_warp + 16 <= a.m_inner) {  // warp-uniform: the shuffles need every lane
+#pragma unroll
+    for (int chunk = 0; chunk < kBlockN / 16; ++chunk) {
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = acc[8 * chunk + k] + row_bias[(k >> 1) & 1];
+      transpose_8x8_across_rows(v, g);
+      const int token = 8 * (2 * chunk + (g >> 2)) + 2 * t + (g & 1);
+      if (token < tokens_left) {
+        store_global_16_bytes(out + token * a.out_ld + m_warp + 8 * ((g >> 1) & 1), pack_pair<Element>(v[0], v[1]),
+                              pack_pair<Element>(v[2], v[3]), pack_pair<Element>(v[4], v[5]),
+                              pack_pair<Element>(v[6], v[7]));
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) {
+    const int half = (i >> 1) & 1;
+    const int m = m_warp + g + 8 * half;
+    const int token = 8 * (i >> 2) + 2 * t + (i & 1);
+    if (m < a.m_inner && token < tokens_left) out[token * a.out_ld + m] = from_acc<Element>(acc[i] + row_bias[half]);
   }
 }
 

@@ -6,6 +6,12 @@
 //   kForward      rows x K, over R*H      x, K-major: (H, rows, R)      W, K-major: (H, R, K)
 //   kGradInput    rows x R*H, over K      grad_out, K-major: (K, rows)  W, MN-major: (R*H, K)
 //   kGradWeight   K x R*H, over rows      grad_out, MN-major: (K, rows) x, MN-major: (H, rows, R)
+//   kForwardSwapped  K x rows, over R*H   W, K-major: (H, R, K)         x, K-major: (H, rows, R)
+//
+// kForwardSwapped is the forward computed transposed, y^T = W x^T, for the row counts that
+// 128-row tiles pad badly (100 -> 128, 333 -> 384): W's rows are M in 128-row tiles and the tokens
+// are N in tiles of 112, 176 or 240 (the widths schedule.cuh's is_token_width names), with no
+// reduction split and no packed shard tails; its epilogue stores the tile transposed.
 //
 // Tiling: 128 x kBlockN output tiles (kBlockN = 256: highest operand reuse that fits the
 // registers, for outputs with waves of tiles; 192: 4/3 the tiles, for outputs whose 256-wide
@@ -43,7 +49,7 @@
 namespace vga {
 namespace sm90 {
 
-enum class GemmKind { kForward, kGradInput, kGradWeight };
+enum class GemmKind { kForward, kGradInput, kGradWeight, kForwardSwapped };
 
 constexpr int kConsumerWarpgroups = 2;
 constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
@@ -62,7 +68,9 @@ struct TileShape {
       std::min(8, (kSharedBudget - kSwizzleAlignment - 16 * int(sizeof(uint64_t)) - kBiasBytes) / kStageBytes);
   static constexpr int kSharedBytes =
       kSwizzleAlignment + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t)) + kBiasBytes;
-  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256, "wgmma N of the core");
+  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256 || kBlockN == 112 ||
+                    kBlockN == 176 || kBlockN == 240,
+                "wgmma N of the core");
   static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
   static_assert(PartialTile<kBlockN>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
 };
@@ -80,7 +88,7 @@ struct TailMaps {
 template <GemmKind kKind>
 struct Majorness {
   static constexpr int kTransA = kKind == GemmKind::kGradWeight ? 1 : 0;
-  static constexpr int kTransB = kKind == GemmKind::kForward ? 0 : 1;
+  static constexpr int kTransB = kKind == GemmKind::kForward || kKind == GemmKind::kForwardSwapped ? 0 : 1;
 };
 
 #ifdef VGA_SM90A_DEVICE
@@ -161,7 +169,7 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
                                            const CUtensorMap* b_map, const TailMaps* tails, uint64_t* bar,
                                            const TileCoord& c, const LoadCursor& cur, int kb, uint32_t cta_rank,
                                            const CoreArgs& args) {
-  constexpr int kBParts = kKind == GemmKind::kForward ? 2 : kBlockN / 64;
+  constexpr int kBParts = kKind == GemmKind::kForward || kKind == GemmKind::kForwardSwapped ? 2 : kBlockN / 64;
   constexpr int kBPartBytes = kBlockN * kBlockK * 2 / kBParts;
   const bool share_a = args.cluster_along_n != 0;
   const int rank = static_cast<int>(cta_rank);
@@ -172,15 +180,17 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
   auto load_a = [&](int part, bool multicast) {  // rows (or columns) 64 * part .. + 63 of the tile
     uint8_t* dst = a_dst + part * kMnBlockBytes;
     if constexpr (kKind == GemmKind::kForward) {
-      if (tail && args.a_4d) {
+      if (tail && args.x_4d) {
         copy_4d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + 64 * part, c.outer, tail_shard);
       } else if (tail) {
         copy_3d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + 64 * part, tail_shard);
-      } else if (args.a_4d) {
+      } else if (args.x_4d) {
         copy_4d(multicast, dst, a_map, bar, h0, c.inner0 + 64 * part, c.outer, shard);
       } else {
         copy_3d(multicast, dst, a_map, bar, h0, c.inner0 + 64 * part, shard);
       }
+    } else if constexpr (kKind == GemmKind::kForwardSwapped) {  // W's rows
+      copy_3d(multicast, dst, a_map, bar, h0, shard, c.inner0 + 64 * part);
     } else if constexpr (kKind == GemmKind::kGradInput) {
       copy_3d(multicast, dst, a_map, bar, k0, c.inner0 + 64 * part, 0);
     } else {
@@ -199,6 +209,12 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
         }
       } else {
         copy_3d(multicast, dst, b_map, bar, h0, shard, c.n0 + part * (kBlockN / 2));
+      }
+    } else if constexpr (kKind == GemmKind::kForwardSwapped) {  // the tokens: x's rows (of one outer index)
+      if (args.x_4d) {
+        copy_4d(multicast, dst, b_map, bar, h0, c.n0 + part * (kBlockN / 2), c.n_group, shard);
+      } else {
+        copy_3d(multicast, dst, b_map, bar, h0, c.n0 + part * (kBlockN / 2), shard);
       }
     } else if constexpr (kKind == GemmKind::kGradInput) {
       copy_3d(multicast, dst, b_map, bar, c.n0 + 64 * part, k0, 0);
@@ -315,6 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     core_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                      const __grid_constant__ TailMaps tails, const CoreArgs args) {
 #ifdef VGA_SM90A_DEVICE
+  static_assert(kKind != GemmKind::kForwardSwapped || (!kInCluster && kTailShards == 0),
+                "the swapped forward has no split and no packed tails");
   using Tile = TileShape<kBlockN>;
   constexpr int kStages = Tile::kStages;
   extern __shared__ uint8_t shared_raw[];
@@ -414,6 +432,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           bias_value = bias_pair(bias, args.bias_stride, c.n0 + 2 * thread_in_wg, args.n_group_width);
         }
       }
+      float row_bias[2] = {0.f, 0.f};  // kForwardSwapped: the bias of the thread's two W rows (its M)
+      if constexpr (kKind == GemmKind::kForwardSwapped) {
+        const Element* bias = static_cast<const Element*>(args.bias);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int m = c.inner0 + consumer * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4 + 8 * half;
+          if (bias != nullptr && m < args.m_inner) row_bias[half] = to_acc<float>(bias[m * args.bias_stride]);
+        }
+      }
       int previous_stage = 0;
       // Where the k-block lies in its group (a shard's h for the forward): the group's last k-block
       // runs only the k steps that hold data, not its zero fill (the last k-block of a 112-wide
@@ -475,6 +502,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         cluster_sync();  // every slice's partial tile is complete (the producers arrive after their loop)
         sum_cluster_tile<Element, kBlockN, kConsumerWarpgroups * 128>(partial, bias_rows, args, c, cta_rank,
                                                                       threadIdx.x - 128);
+      } else if constexpr (kKind == GemmKind::kForwardSwapped) {
+        store_tile_transposed<Element, kBlockN>(acc, row_bias, args, c, consumer, thread_in_wg);
       } else {
         store_tile<Element, kBlockN>(acc, tile_bias, args, c, consumer, thread_in_wg);
       }
@@ -528,10 +557,16 @@ int max_active_clusters(int cluster_size) {
 
 template <GemmKind kKind, typename Element, bool kInCluster>
 int max_active_clusters_of_every_width(int cluster_size) {
-  return std::min({max_active_clusters<kKind, Element, 256, kInCluster>(cluster_size),
-                   max_active_clusters<kKind, Element, 192, kInCluster>(cluster_size),
-                   max_active_clusters<kKind, Element, 128, kInCluster>(cluster_size),
-                   max_active_clusters<kKind, Element, 64, kInCluster>(cluster_size)});
+  if constexpr (kKind == GemmKind::kForwardSwapped) {
+    return std::min({max_active_clusters<kKind, Element, 240, false>(cluster_size),
+                     max_active_clusters<kKind, Element, 176, false>(cluster_size),
+                     max_active_clusters<kKind, Element, 112, false>(cluster_size)});
+  } else {
+    return std::min({max_active_clusters<kKind, Element, 256, kInCluster>(cluster_size),
+                     max_active_clusters<kKind, Element, 192, kInCluster>(cluster_size),
+                     max_active_clusters<kKind, Element, 128, kInCluster>(cluster_size),
+                     max_active_clusters<kKind, Element, 64, kInCluster>(cluster_size)});
+  }
 }
 
 // The clusters of each size that fit at once (the persistent grid's size, the plan's rounds), and
@@ -545,10 +580,12 @@ const ResidentClusters& resident_clusters(int32_t device_index) {
                   " out of range");
   ResidentClusters& r = cache[device_index];
   if (r.pairs == 0) {
-    ResidentClusters asked;
-    asked.of2 = max_active_clusters_of_every_width<kKind, Element, true>(2);
-    asked.of4 = max_active_clusters_of_every_width<kKind, Element, true>(4);
-    asked.of8 = max_active_clusters_of_every_width<kKind, Element, true>(8);
+    ResidentClusters asked{0, 0, 0, 0};
+    if constexpr (kKind != GemmKind::kForwardSwapped) {  // (it has no split in the cluster)
+      asked.of2 = max_active_clusters_of_every_width<kKind, Element, true>(2);
+      asked.of4 = max_active_clusters_of_every_width<kKind, Element, true>(4);
+      asked.of8 = max_active_clusters_of_every_width<kKind, Element, true>(8);
+    }
     asked.pairs = max_active_clusters_of_every_width<kKind, Element, false>(2);
     r = asked;
   }
@@ -581,7 +618,7 @@ struct NoTailMaps {
   TailMaps operator()(int /*block_n*/) const { return TailMaps{}; }
 };
 
-// Plans, fills the tile counts of `args` (whose out, out_ld, bias, a_4d and, with packed shard
+// Plans, fills the tile counts of `args` (whose out, out_ld, bias, x_4d and, with packed shard
 // tails, tail_shards and tail_h the family set), launches the core and, for a split across the
 // grid, the fixed-order sum of the partials. `b_map_for(block_n)` builds the B view, whose box may
 // depend on the tile width; `tail_maps_for(block_n)` the views of the shape's tail k-blocks.
@@ -589,6 +626,13 @@ template <GemmKind kKind, typename Element, typename BMapFor, typename TailMapsF
 void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, BMapFor&& b_map_for,
               const WorkspaceRequest& workspace, ForcedConfig forced, int32_t device_index, cudaStream_t stream,
               TailMapsFor tail_maps_for = {}) {
+  STD_TORCH_CHECK(shape.token_tiles == (kKind == GemmKind::kForwardSwapped), "vga sm90_gemm: core shape and kind disagree");
+  STD_TORCH_CHECK(!shape.token_tiles || (forced.splits <= 1 && forced.cluster_splits == 0),
+                  "vga sm90_gemm: the token widths (n112, n176, n240) take no reduction split (s1 only)");
+  STD_TORCH_CHECK(forced.block_n == 0 || is_token_width(forced.block_n) == shape.token_tiles, "vga sm90_gemm: tile width n",
+                  forced.block_n, shape.token_tiles ? " is not a token width (n112, n176, n240)"
+                                                    : " is a token width of the forward; this product takes n64, n128, "
+                                                      "n192 or n256");
   const ResidentClusters& resident = resident_clusters<kKind, Element>(device_index);
   const CorePlan plan = choose_plan(shape, resident, forced);
   const int64_t rows = shape.m_outer * shape.m_inner;
@@ -627,6 +671,8 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
     args.partial_stride = rows * args.out_ld;
     args.partials = static_cast<float*>(workspace.get(plan.splits * args.partial_stride * int64_t(sizeof(float))));
     args.vector_store = args.out_ld % 2 == 0 ? 1 : 0;
+  } else if (kKind == GemmKind::kForwardSwapped) {  // 8 W rows (output columns) a store; the warp checks K
+    args.vector_store = (is_aligned(args.out, 16) && args.out_ld % 8 == 0) ? 1 : 0;
   } else {
     args.vector_store = (is_aligned(args.out, 16) && args.out_ld % 8 == 0 && shape.n_group_width % 8 == 0) ? 1 : 0;
   }
@@ -634,7 +680,16 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
   const TailMaps tails = shape.tail_kblocks > 0 ? tail_maps_for(plan.block_n) : TailMaps{};
   // A split in the cluster walks one tile a cluster (its partial tile takes the ring's memory).
   const int clusters = plan.in_cluster ? args.num_cluster_tiles : std::min(args.num_cluster_tiles, resident.pairs);
-  if (plan.block_n == 256) {
+  if constexpr (kKind == GemmKind::kForwardSwapped) {
+    STD_TORCH_CHECK(plan.splits == 1 && !plan.in_cluster, "vga sm90_gemm: the swapped forward takes no split");
+    if (plan.block_n == 240) {
+      launch_core_kernel<kKind, Element, 240, false>(a_map, b_map, tails, args, clusters, stream);
+    } else if (plan.block_n == 176) {
+      launch_core_kernel<kKind, Element, 176, false>(a_map, b_map, tails, args, clusters, stream);
+    } else {
+      launch_core_kernel<kKind, Element, 112, false>(a_map, b_map, tails, args, clusters, stream);
+    }
+  } else if (plan.block_n == 256) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 256, true> : launch_core_kernel<kKind, Element, 256, false>)(
         a_map, b_map, tails, args, clusters, stream);
   } else if (plan.block_n == 192) {

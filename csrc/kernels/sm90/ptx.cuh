@@ -234,7 +234,8 @@ __device__ __forceinline__ void wgmma_wait_group() {
 }
 
 // acc[64 x N] (fp32, the wgmma fragment layout) = A[64 x 16] * B[N x 16]^T (+ acc when
-// `accumulate` != 0), N = 64, 128, 192 or 256 (N / 2 floats a thread), both operands in shared memory:
+// `accumulate` != 0), N = 64, 128, 192 or 256, or the forward's token widths 112, 176 and 240
+// (N / 2 floats a thread), both operands in shared memory:
 // kTransA / kTransB = 0 for a K-major operand, 1 for an MN-major one (16-bit types only).
 // Element is __nv_bfloat16 or __half.
 #define VGA_ACC16(i)                                                                                       \
@@ -290,6 +291,49 @@ __device__ __forceinline__ void wgmma_wait_group() {
       : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC16(80), VGA_ACC16(96), VGA_ACC16(112) \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
 
+#define VGA_ACC8_WIDE(i)                                                                         \
+  "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), "+f"(acc[i + 5]), \
+      "+f"(acc[i + 6]), "+f"(acc[i + 7])
+#define VGA_WGMMA_M64N112K16(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %58, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
+      "%48, %49, %50, %51, %52, %53, %54, %55" \
+      "}, %56, %57, accumulate, 1, 1, %59, %60;\n}\n" \
+      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC8_WIDE(48) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
+#define VGA_WGMMA_M64N176K16(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %90, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  " \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  " \
+      "%80, %81, %82, %83, %84, %85, %86, %87" \
+      "}, %88, %89, accumulate, 1, 1, %91, %92;\n}\n" \
+      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC8_WIDE(80) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
+#define VGA_WGMMA_M64N240K16(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %122, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n240k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  " \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  " \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,  " \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,  " \
+      "%112, %113, %114, %115, %116, %117, %118, %119" \
+      "}, %120, %121, accumulate, 1, 1, %123, %124;\n}\n" \
+      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC16(80), VGA_ACC16(96), VGA_ACC8_WIDE(112) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
+
 template <int kN, typename Element, int kTransA, int kTransB>
 struct Wgmma;
 
@@ -309,12 +353,22 @@ VGA_WGMMA_WIDE(192, "bf16", __nv_bfloat16)
 VGA_WGMMA_WIDE(192, "f16", __half)
 VGA_WGMMA_WIDE(256, "bf16", __nv_bfloat16)
 VGA_WGMMA_WIDE(256, "f16", __half)
+VGA_WGMMA_WIDE(112, "bf16", __nv_bfloat16)
+VGA_WGMMA_WIDE(112, "f16", __half)
+VGA_WGMMA_WIDE(176, "bf16", __nv_bfloat16)
+VGA_WGMMA_WIDE(176, "f16", __half)
+VGA_WGMMA_WIDE(240, "bf16", __nv_bfloat16)
+VGA_WGMMA_WIDE(240, "f16", __half)
 
 #undef VGA_WGMMA_WIDE
 #undef VGA_WGMMA_M64N256K16
 #undef VGA_WGMMA_M64N192K16
 #undef VGA_WGMMA_M64N128K16
 #undef VGA_WGMMA_M64N64K16
+#undef VGA_WGMMA_M64N112K16
+#undef VGA_WGMMA_M64N176K16
+#undef VGA_WGMMA_M64N240K16
+#undef VGA_ACC8_WIDE
 #undef VGA_ACC16
 
 // acc[64 x N] = A[64 x 16] * B[N x 16]^T (+ acc), N = 16, 32 or 64 (N / 2 fp32 a thread),

@@ -90,7 +90,7 @@ struct CoreArgs {
   int tail_kblock_begin;  // the first k-block of the forward's packed shard tails (kblocks when there are none)
   int tail_shards;        // ... shards whose tail columns make one k-block (64 / (H % 64))
   int tail_h;             // ... the first tail column of a shard (H - H % 64)
-  int a_4d;
+  int x_4d;  // x's view is (H, inner, outer, R)
   int vector_store;  // out (or the partials) 16-byte aligned and out_ld % 8 == 0
 };
 
@@ -150,12 +150,20 @@ struct CoreShape {
   // The forward's packed shard tails: k-blocks after the groups', each the tail columns of several
   // shards, holding `tail_elements` of the reduction in all.
   int64_t tail_kblocks = 0, tail_elements = 0;
+  // The forward computed transposed (GemmKind::kForwardSwapped): M is W's rows, N the tokens, in
+  // the token widths below and without a reduction split.
+  bool token_tiles = false;
   int64_t kblocks_per_group() const { return ceil_div(k_group_width, kBlockK); }
   int64_t kblocks() const { return k_groups * kblocks_per_group() + tail_kblocks; }
 };
 
+// The tile widths of the swapped forward, whose N is the tokens: multiples of 16 (each half of a
+// paired token panel is whole 8-row swizzle atoms) between the 128-row steps of the other
+// orientation's M, so that 100, 333 or 700 rows pad to 112, 352 or 704 instead of 128, 384 or 768.
+inline bool is_token_width(int block_n) { return block_n == 112 || block_n == 176 || block_n == 240; }
+
 struct CorePlan {
-  int block_n;  // 64, 128, 192 or 256
+  int block_n;  // 64, 128, 192 or 256; the swapped forward's 112, 176 or 240
   int splits;   // 1: direct store; > 1: fp32 partial sums added in a fixed order
   int kblocks_per_split;
   bool in_cluster;  // splits > 1: the cluster's CTAs are the slices (DSMEM sum), else a workspace + launch
@@ -209,12 +217,22 @@ struct PlanConstants {
 };
 constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75};
 
+// A k-block's time at a tile width: the fitted widths' constants, linear in between (the token
+// widths: 112 between 64 and 128, 176 between 128 and 192, 240 between 192 and 256).
+inline double kblock_us_of(int block_n, const PlanConstants& k) {
+  const int widths[4] = {64, 128, 192, 256};
+  const double us[4] = {k.kblock_us_64, k.kblock_us_128, k.kblock_us_192, k.kblock_us_256};
+  for (int i = 0; i < 4; ++i) {
+    if (block_n == widths[i]) return us[i];
+  }
+  int i = 0;
+  while (i < 2 && block_n > widths[i + 1]) ++i;
+  return us[i] + (us[i + 1] - us[i]) * (block_n - widths[i]) / double(widths[i + 1] - widths[i]);
+}
+
 inline double plan_cost(const CoreShape& s, const CorePlan& plan, const ResidentClusters& resident,
                         const PlanConstants& k = kPlanConstants) {
-  const double kblock_us = plan.block_n == 256   ? k.kblock_us_256
-                           : plan.block_n == 192 ? k.kblock_us_192
-                           : plan.block_n == 128 ? k.kblock_us_128
-                                                 : k.kblock_us_64;
+  const double kblock_us = kblock_us_of(plan.block_n, k);
   const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, kBlockM);
   const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, plan.block_n);
   const double rows = static_cast<double>(s.m_outer * s.m_inner);
@@ -244,7 +262,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // A forced split count is the count its slice length gives (12 k-blocks in 5 slices: 4 of 3).
   const int forced_splits =
       forced.splits > 0 ? static_cast<int>(ceil_div(kblocks, ceil_div(kblocks, forced.splits))) : 0;
-  CorePlan best{forced.block_n != 0 ? forced.block_n : 256, 1, static_cast<int>(kblocks), false};
+  CorePlan best{forced.block_n != 0 ? forced.block_n : s.token_tiles ? 240 : 256, 1, static_cast<int>(kblocks), false};
   double best_cost = 1e300;
   auto consider = [&](const CorePlan& plan) {
     const double cost = plan_cost(s, plan, resident);
@@ -253,8 +271,13 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       best = plan;
     }
   };
-  for (int block_n : {256, 192, 128, 64}) {
+  for (int block_n : {256, 240, 192, 176, 128, 112, 64}) {
+    if (is_token_width(block_n) != s.token_tiles) continue;
     if (forced.block_n != 0 && block_n != forced.block_n) continue;
+    if (s.token_tiles) {  // no split: the tokens' tiles are few only where the product is small
+      consider({block_n, 1, static_cast<int>(kblocks), false});
+      continue;
+    }
     if (forced_splits != 0) {  // its slices are ceil(kblocks / forced_splits) long, whatever their length
       consider({block_n, forced_splits, static_cast<int>(ceil_div(kblocks, forced_splits)), false});
       continue;
