@@ -1,13 +1,16 @@
 // CUDA entry points of the two backward ops: argument checks, the problem, the choice of a
 // family (the first in preference order that accepts the input) and the launch on the current
 // stream. Both are GEMMs over the forward's virtual concat:
-//   grad_x[r, m, h]   = sum_k grad_y[m, k] * W[k, r*H + h]   (returned as the (R, *batch, H) view
+//   grad_x[r, m, h]   = sum_k grad_y[m, k] * W[k, r*H + h]   (in x's strides where x is given and
+//                                                             dense, else the (R, *batch, H) view
 //                                                             of a (rows, R*H) row-major result)
 //   grad_W[k, r*H+h]  = sum_m grad_y[m, k] * x[r, m, h]
 // (grad_bias is a plain column sum, left to torch in vga_linear/ops.py.)
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
+#include <algorithm>
+#include <optional>
 #include <string>
 
 #include "kernels/generic_gemm.cuh"
@@ -102,7 +105,26 @@ ForcedConfig forced_config_of(const std::string& forced, const char* op) {
   return parse_forced_config(forced.substr(slash + 1), forced, op);
 }
 
-Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_shards, const std::string& forced) {
+// Whether a tensor's elements fill its storage span exactly once (torch's non-overlapping and
+// dense: some order of its dims is row-major), with the last dim contiguous.
+bool dense_with_contiguous_rows(const Tensor& t) {
+  if (t.numel() == 0 || (t.size(-1) > 1 && t.stride(-1) != 1)) return false;
+  std::array<int64_t, 4> dims{};
+  int n = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) != 1) dims[n++] = d;
+  }
+  std::sort(dims.begin(), dims.begin() + n, [&](int64_t a, int64_t b) { return t.stride(a) < t.stride(b); });
+  int64_t expected = 1;
+  for (int i = 0; i < n; ++i) {
+    if (t.stride(dims[i]) != expected) return false;
+    expected *= t.size(dims[i]);
+  }
+  return true;
+}
+
+Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_shards, const std::optional<Tensor>& x,
+                   const std::string& forced) {
   constexpr const char* op = "gather_concat_linear_grad_x";
   check_grad_out(grad_out, op);
   check_same(grad_out, "grad_out", weight, "weight", op);
@@ -114,8 +136,17 @@ Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_sha
   torch::stable::accelerator::DeviceGuard guard(device_index);
   const int64_t H = weight.size(1) / num_shards;
   const int64_t columns = weight.size(1);
-  // grad_x is (R, *batch, H) with strides (H, <batch strides of a (*batch, R*H) matrix>, 1).
+  // grad_x is (R, *batch, H): in x's strides where x is given and dense (so that autograd hands a
+  // leaf x its gradient without a copy, and x's producer gets its own layout back), otherwise
+  // with strides (H, <batch strides of a (*batch, R*H) matrix>, 1): what cat's autograd returns.
   const int64_t out_dims = grad_out.dim() + 1;
+  if (x.has_value()) {
+    bool same = x->dim() == out_dims && x->size(0) == num_shards && x->size(-1) == H;
+    for (int64_t d = 1; same && d + 1 < out_dims; ++d) same = x->size(d) == grad_out.size(d - 1);
+    STD_TORCH_CHECK(same, op, ": x must be (num_shards, *grad_out.shape[:-1], H) = the forward's input, got ",
+                    x->dim(), " dims with x.shape[0] = ", x->size(0), " and x.shape[-1] = ", x->size(-1));
+  }
+  const bool x_layout = x.has_value() && dense_with_contiguous_rows(*x);
   std::array<int64_t, 4> sizes{num_shards};
   std::array<int64_t, 4> strides{H};
   int64_t stride = columns;
@@ -126,6 +157,9 @@ Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_sha
   }
   sizes[out_dims - 1] = H;
   strides[out_dims - 1] = 1;
+  if (x_layout) {
+    for (int64_t d = 0; d < out_dims; ++d) strides[d] = x->stride(d);
+  }
   Tensor grad_x = empty_strided_cuda_like(grad_out, sizes, strides, static_cast<size_t>(out_dims), device_index);
   if (grad_x.numel() == 0) return grad_x;
   const int64_t rows = batch_rows_count(grad_out);
@@ -136,6 +170,12 @@ Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_sha
   p.grad_out = grad_out.const_data_ptr();
   p.weight = weight.const_data_ptr();
   p.grad_x = grad_x.mutable_data_ptr();
+  const bool two_batch_dims = out_dims == 4;
+  p.layout.shard_width = H;
+  p.layout.shard_stride = strides[0];
+  p.layout.rows_inner = two_batch_dims ? sizes[2] : rows;
+  p.layout.inner_stride = strides[out_dims - 2];
+  p.layout.outer_stride = two_batch_dims ? strides[1] : 0;
   p.rows = rows;
   p.out_features = weight.size(0);
   p.num_shards = num_shards;
@@ -158,7 +198,7 @@ Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_sha
       BatchRowsMatrixOperand<T, false> a{static_cast<const T*>(grad_out.const_data_ptr()), batch_rows_of(grad_out, 0),
                                          grad_out.stride(-1)};
       StridedOperand<T> b{static_cast<const T*>(weight.const_data_ptr()), weight.stride(0), weight.stride(1)};
-      RowMajorStore<T> store{static_cast<T*>(grad_x.mutable_data_ptr()), columns, nullptr, 0};
+      GradXStore<T> store{static_cast<T*>(grad_x.mutable_data_ptr()), p.layout};
       launch_generic_gemm<T>(a, b, store, rows, columns, weight.size(0), stream);
     });
   }
@@ -227,14 +267,15 @@ Tensor grad_weight_impl(const Tensor& grad_out, const Tensor& x, const std::stri
   return grad_weight;
 }
 
-Tensor grad_x_cuda(Tensor grad_out, Tensor weight, int64_t num_shards) {
-  return grad_x_impl(grad_out, weight, num_shards, "");
+Tensor grad_x_cuda(Tensor grad_out, Tensor weight, int64_t num_shards, std::optional<Tensor> x) {
+  return grad_x_impl(grad_out, weight, num_shards, x, "");
 }
 Tensor grad_weight_cuda(Tensor grad_out, Tensor x) { return grad_weight_impl(grad_out, x, ""); }
 
 // Tests and benchmarks force one family ("sm90_gemm", "sm90_gemm/n128/s4", "sm90_tf32x3", "generic").
-Tensor grad_x_family_cuda(Tensor grad_out, Tensor weight, int64_t num_shards, std::string family) {
-  return grad_x_impl(grad_out, weight, num_shards, family);
+Tensor grad_x_family_cuda(Tensor grad_out, Tensor weight, int64_t num_shards, std::string family,
+                          std::optional<Tensor> x) {
+  return grad_x_impl(grad_out, weight, num_shards, x, family);
 }
 Tensor grad_weight_family_cuda(Tensor grad_out, Tensor x, std::string family) {
   return grad_weight_impl(grad_out, x, family);

@@ -171,6 +171,10 @@ def test_opcheck_backward_ops(device):
     weight = torch.randn(5, 3 * 8, device=device, dtype=torch.float64)
     x = torch.randn(3, 4, 8, device=device, dtype=torch.float64)
     torch.library.opcheck(torch.ops.vga.gather_concat_linear_grad_x.default, (grad_out, weight, 3))
+    # grad_x in x's strides (dense x: contiguous, or the transpose of a (batch, R, H) tensor), else the concat view
+    for like in (x, torch.randn(4, 3, 8, device=device, dtype=torch.float64).transpose(0, 1),
+                 torch.randn(3, 4, 16, device=device, dtype=torch.float64)[..., :8]):
+        torch.library.opcheck(torch.ops.vga.gather_concat_linear_grad_x.default, (grad_out, weight, 3, like))
     torch.library.opcheck(torch.ops.vga.gather_concat_linear_grad_weight.default, (grad_out, x))
 
 

@@ -65,9 +65,9 @@ def _assert_close_scaled(out, ref, dtype):
     torch.testing.assert_close(out.double(), ref, atol=atol, rtol=tol)
 
 
-def _grad_x(grad_out, w, R, family):
+def _grad_x(grad_out, w, R, family, x=None):
     poison_next_output((grad_out.shape[:-1].numel(), w.shape[1]), grad_out.dtype, grad_out.device)
-    return torch.ops.vga._gather_concat_linear_grad_x_family(grad_out, w, R, family)
+    return torch.ops.vga._gather_concat_linear_grad_x_family(grad_out, w, R, family, x)
 
 
 def _grad_weight(grad_out, x, family):
@@ -97,8 +97,13 @@ def test_backward_configs(config, dtype, shape, layout):
     w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
     grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
     ref_x, ref_w = _reference_grads(grad_out, x, w)
-    grad_x = _grad_x(grad_out, w, R, config)
+    grad_x = _grad_x(grad_out, w, R, config)  # the (rows, R*H) concat's view
     assert grad_x.shape == x.shape and grad_x.dtype == dtype
+    _assert_close_scaled(grad_x, ref_x, dtype)
+    grad_x = _grad_x(grad_out, w, R, config, x)  # x's strides where x is dense (contiguous, the SDPA view)
+    assert grad_x.shape == x.shape and grad_x.dtype == dtype
+    if vga_linear.ops.takes_x_layout(x):
+        assert grad_x.stride() == x.stride()
     _assert_close_scaled(grad_x, ref_x, dtype)
     grad_w = _grad_weight(grad_out, x, config)
     assert grad_w.shape == w.shape and grad_w.is_contiguous()
@@ -106,19 +111,40 @@ def test_backward_configs(config, dtype, shape, layout):
 
 
 @pytest.mark.parametrize("batch", [(5, 7), (64,)])
-def test_grad_x_is_the_view_of_a_row_major_concat_gradient(batch):
-    # The layout cat/transpose-reshape's autograd hands back, and what register_fake says.
+@pytest.mark.parametrize("x_layout", ["none", "contiguous", "sdpa", "padded"])
+def test_grad_x_layout_matches_register_fake(batch, x_layout):
+    # Without x (or with a non-dense x): the layout cat/transpose-reshape's autograd hands back;
+    # with a dense x: x's strides. Either way what register_fake says.
     R, H, K = 4, 16, 24
     grad_out = torch.randn((*batch, K), dtype=torch.bfloat16, device="cuda")
     w, _ = make_params(R, H, K, torch.bfloat16, "cuda", bias=False)
-    grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, w, R)
-    expected = vga_linear.ops.shards_of_concat(torch.empty((*batch, R * H), device="cuda"), R)
-    assert grad_x.shape == expected.shape and grad_x.stride() == expected.stride()
-    with torch._subclasses.fake_tensor.FakeTensorMode():
+    x = None if x_layout == "none" else make_x(R, batch, H, torch.bfloat16, "cuda", x_layout)
+    grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, w, R, x)
+    if x_layout in ("contiguous", "sdpa"):
+        assert grad_x.stride() == x.stride()
+    else:
+        expected = vga_linear.ops.shards_of_concat(torch.empty((*batch, R * H), device="cuda"), R)
+        assert grad_x.shape == expected.shape and grad_x.stride() == expected.stride()
+    _assert_close_scaled(grad_x, _reference_grads(grad_out, make_x(R, batch, H, torch.bfloat16, "cuda"), w)[0],
+                         torch.bfloat16)
+    with torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=True):
         fake = torch.ops.vga.gather_concat_linear_grad_x(
             torch.empty(grad_out.shape, dtype=grad_out.dtype, device="cuda"),
-            torch.empty(w.shape, dtype=w.dtype, device="cuda"), R)
+            torch.empty(w.shape, dtype=w.dtype, device="cuda"), R,
+            None if x is None else torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cuda"))
     assert fake.stride() == grad_x.stride()
+
+
+def test_leaf_x_gets_its_gradient_without_a_copy():
+    # AccumulateGrad keeps a gradient whose strides are the leaf's: x.grad is the op's own output.
+    R, H, K = 4, 64, 96
+    x = make_x(R, (3, 40), H, torch.bfloat16, "cuda", "sdpa").requires_grad_()
+    w, _ = make_params(R, H, K, torch.bfloat16, "cuda", bias=False)
+    seen = []
+    handle = x.register_hook(lambda g: seen.append(g.data_ptr()))
+    vga_linear.gather_concat_linear(x, w).sum().backward()
+    handle.remove()
+    assert x.grad.stride() == x.stride() and x.grad.data_ptr() == seen[0]
 
 
 def test_backward_refusals_say_why():

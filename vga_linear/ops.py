@@ -22,7 +22,7 @@ from .reference import gather_concat_linear_reference
 
 SCHEMAS = {
     "gather_concat_linear": "(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
-    "gather_concat_linear_grad_x": "(Tensor grad_out, Tensor weight, int num_shards) -> Tensor",
+    "gather_concat_linear_grad_x": "(Tensor grad_out, Tensor weight, int num_shards, Tensor? x=None) -> Tensor",
     "gather_concat_linear_grad_weight": "(Tensor grad_out, Tensor x) -> Tensor",
 }
 
@@ -140,16 +140,49 @@ def _forward_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None) ->
 
 
 def shards_of_concat(grad_cat: Tensor, num_shards: int) -> Tensor:
-    """The (R, *batch, H) view of a (*batch, R*H) tensor: the layout grad_x is returned in.
+    """The (R, *batch, H) view of a (*batch, R*H) tensor: the layout grad_x is returned in when
+    the op is not given x (or x is not dense).
 
     It is the gradient that ``cat(x.unbind(0), -1)`` (or the ``transpose(1, 2).reshape`` of an
-    attention output) hands back, so it flows into SDPA's backward without a copy."""
+    attention output) hands back."""
     return grad_cat.unflatten(-1, (num_shards, -1)).movedim(-2, 0)
 
 
-def _grad_x_reference(grad_out: Tensor, weight: Tensor, num_shards: int) -> Tensor:
+def takes_x_layout(x: Tensor | None) -> bool:
+    """Whether grad_x is returned in x's own strides: x given, non-empty, non-overlapping and
+    dense, its last dim contiguous (csrc/gather_concat_linear_backward.cu decides alike). Then
+    autograd hands a leaf x its gradient without a copy (AccumulateGrad copies a gradient whose
+    strides differ from the leaf's), and x's producer gets its own layout back."""
+    if x is None or x.numel() == 0 or (x.shape[-1] != 1 and x.stride(-1) != 1):
+        return False
+    dims = sorted((d for d in range(x.dim()) if x.shape[d] != 1), key=x.stride)
+    expected = 1
+    for d in dims:  # some order of the dims is row-major
+        if x.stride(d) != expected:
+            return False
+        expected *= x.shape[d]
+    return True
+
+
+def _empty_in_layout_of(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """An uninitialised tensor with x's shape and strides (x non-overlapping and dense)."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=x.device)
+
+
+def _check_grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None) -> None:
+    if x is not None:
+        torch._check(x.dim() == grad_out.dim() + 1 and x.shape[0] == num_shards
+                     and x.shape[-1] * num_shards == weight.shape[1]
+                     and all(x.shape[d + 1] == grad_out.shape[d] for d in range(grad_out.dim() - 1)),
+                     lambda: "gather_concat_linear_grad_x: x must be (num_shards, *grad_out.shape[:-1], H) = the "
+                             f"forward's input, got {tuple(x.shape)}")
+
+
+def _grad_x_reference(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None = None) -> Tensor:
     _check_grad_out(grad_out, "gather_concat_linear_grad_x")
-    return shards_of_concat((grad_out @ weight).contiguous(), num_shards)
+    _check_grad_x_like(grad_out, weight, num_shards, x)
+    grad_x = shards_of_concat((grad_out @ weight).contiguous(), num_shards)
+    return _empty_in_layout_of(x, grad_x.dtype).copy_(grad_x) if takes_x_layout(x) else grad_x
 
 
 def _grad_weight_reference(grad_out: Tensor, x: Tensor) -> Tensor:
@@ -174,10 +207,13 @@ def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 
 
 @torch.library.register_fake("vga::gather_concat_linear_grad_x")
-def _grad_x_fake(grad_out: Tensor, weight: Tensor, num_shards: int) -> Tensor:
+def _grad_x_fake(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None = None) -> Tensor:
     _check_grad_out(grad_out, "gather_concat_linear_grad_x")
     torch._check(weight.shape[0] == grad_out.shape[-1])
     torch._check(weight.shape[1] % num_shards == 0)
+    _check_grad_x_like(grad_out, weight, num_shards, x)
+    if takes_x_layout(x):
+        return _empty_in_layout_of(x, grad_out.dtype)
     return shards_of_concat(grad_out.new_empty((*grad_out.shape[:-1], weight.shape[1])), num_shards)
 
 
@@ -205,7 +241,7 @@ def _backward(ctx, grad_out):
     grad_x = grad_weight = grad_bias = None
     grad_out = grad_out.contiguous()  # e.g. the stride-0 gradient of .sum(); a no-op otherwise
     if ctx.needs_input_grad[0]:
-        grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, weight, ctx.num_shards)
+        grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, weight, ctx.num_shards, x)
     if ctx.needs_input_grad[1]:
         grad_weight = torch.ops.vga.gather_concat_linear_grad_weight(grad_out, x)
     if ctx.has_bias and ctx.needs_input_grad[2]:

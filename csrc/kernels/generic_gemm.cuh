@@ -90,6 +90,17 @@ struct RowMajorStore {
   }
 };
 
+// grad_x's element (m, n) through its layout (x's strides, or the (rows, R*H) concat).
+template <typename T>
+struct GradXStore {
+  T* base;
+  GradXLayout layout;
+  template <typename Acc>
+  __device__ __forceinline__ void operator()(int64_t m, int64_t n, Acc v) const {
+    base[layout.offset(m, n)] = from_acc<T>(v);
+  }
+};
+
 constexpr int kGenericTile = 64;
 constexpr int kGenericDepth = 16;
 constexpr int kGenericThreads = 256;

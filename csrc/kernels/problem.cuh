@@ -75,12 +75,36 @@ struct ForwardProblem {
   int64_t reduction() const { return num_shards * shard_width; }
 };
 
-// grad_x[r, m, h] = sum_k grad_out[m, k] * W[k, r*H + h], written as the (rows, R*H) row-major
-// matrix that the (R, *batch, H) result is a strided view of.
+// Where element (row m, column n = r*H + h) of grad_x's (rows, R*H) product lives: in x's own
+// strides where x is dense (so autograd need not copy it into a leaf x's layout), or the
+// (rows, R*H) row-major concat (shard_stride = H, inner_stride = R*H, rows_inner = rows) that the
+// (R, *batch, H) result is a strided view of. Rows split into (outer, inner) as x's batch dims.
+struct GradXLayout {
+  int64_t shard_width;   // H
+  int64_t shard_stride;  // elements between shards
+  int64_t rows_inner;    // rows of one outer batch index (all rows when the batch dims merge)
+  int64_t inner_stride;  // elements between those rows
+  int64_t outer_stride;  // elements between outer batch indices
+  bool is_concat(int64_t num_shards) const {
+    return shard_stride == shard_width && inner_stride == num_shards * shard_width &&
+           (outer_stride == rows_inner * inner_stride || outer_stride == 0);
+  }
+#if defined(__CUDACC__)
+  __host__ __device__
+#endif
+      int64_t offset(int64_t m, int64_t n) const {
+    const int64_t outer = m / rows_inner, shard = n / shard_width;
+    return outer * outer_stride + (m - outer * rows_inner) * inner_stride + shard * shard_stride +
+           (n - shard * shard_width);
+  }
+};
+
+// grad_x[r, m, h] = sum_k grad_out[m, k] * W[k, r*H + h], stored through `layout`.
 struct GradInputProblem {
   const void* grad_out;  // (rows, K), rows grad_out_stride apart (-1: batch dims that do not merge), last dim contiguous
   const void* weight;    // (K, R*H)
-  void* grad_x;          // (rows, R*H), contiguous
+  void* grad_x;          // (rows, R*H) through `layout`
+  GradXLayout layout;
   int64_t rows;
   int64_t out_features;  // K
   int64_t num_shards;    // R

@@ -1,7 +1,8 @@
 // The backward products on Hopper for fp16/bf16: the GEMM core (sm90/gemm.cuh) as
 //  * kGradInput:  grad_x = grad_out @ W, rows x R*H over K. A = grad_out (K-major), B = W read
-//    along its rows (MN-major, wgmma's transpose bit), stored as the (rows, R*H) matrix that the
-//    returned (R, *batch, H) grad_x is a view of (the layout cat's autograd hands back).
+//    along its rows (MN-major, wgmma's transpose bit), stored through grad_x's layout (x's own
+//    strides where x is dense, else the (rows, R*H) matrix the (R, *batch, H) result is a view
+//    of): each 8-column store lies in one shard, its address from the OutputScatter divisors.
 //  * kGradWeight: grad_W = grad_out^T @ cat(x), K x R*H over the rows. A = grad_out^T (MN-major),
 //    B = x through the forward's (H, inner, outer, R) view (MN-major), so the concat is never
 //    materialised either; an N tile stays inside one shard (n = shard * H + h), zero-filled past H.
@@ -46,7 +47,8 @@ inline void sm90_grad_input(const GradInputProblem& p, cudaStream_t stream) {
   shape.k_group_width = p.out_features;
   CoreArgs args{};
   args.out = p.grad_x;
-  args.out_ld = p.columns();
+  args.out_ld = p.columns();  // the product's row-major ld (the split partial sums')
+  args.scatter = make_output_scatter(p.layout);
   auto weight_map_for = [&](int) { return weight_map; };
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);

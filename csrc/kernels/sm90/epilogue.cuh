@@ -60,9 +60,29 @@ __device__ __forceinline__ void transpose_quad(uint32_t (&v)[4], int t) {
   }
 }
 
+// The offset of an output row (m = outer * m_inner + inner), and of column `column0 + n` from
+// the tile's base (out + column0 row-major, out for kScatter): row-major with `out_ld`, or for
+// kGradInput (kScatter) through the OutputScatter of grad_x's layout.
+template <bool kScatter>
+__device__ __forceinline__ int64_t output_row_offset(int64_t m, const CoreArgs& a) {
+  if constexpr (kScatter) {
+    return scatter_row_offset(static_cast<int>(m), a.scatter);
+  } else {
+    return m * a.out_ld;
+  }
+}
+template <bool kScatter>
+__device__ __forceinline__ int64_t output_column_offset(int64_t column0, int n, const CoreArgs& a) {
+  if constexpr (kScatter) {
+    return scatter_column_offset(static_cast<int>(column0) + n, a.scatter);
+  } else {
+    return n;
+  }
+}
+
 // The wgmma m64nNk16 fragment: acc[4j + 2*half + e] is row 16*warp + lane/4 + 8*half,
 // column 8j + 2*(lane % 4) + e of the warpgroup's 64 x N block.
-template <typename Element, int kBlockN>
+template <typename Element, int kBlockN, bool kScatter>
 __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], const float* tile_bias,
                                            const CoreArgs& a, const TileCoord& c, int consumer,
                                            int thread_in_wg) {
@@ -71,18 +91,20 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
   const int lane = thread_in_wg % 32;
   const int quad_lane = lane % 4;
   const int row_in_tile = consumer * 64 + warp * 16 + lane / 4;
-  int64_t out_row[2];
+  int64_t row[2];
+  int64_t out_row[2];  // row-major: also the split partial sums' row offsets
   bool row_valid[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int inner = c.inner0 + row_in_tile + 8 * half;
     row_valid[half] = inner < a.m_inner;
-    out_row[half] = (static_cast<int64_t>(c.outer) * a.m_inner + inner) * a.out_ld;
+    row[half] = static_cast<int64_t>(c.outer) * a.m_inner + inner;
+    out_row[half] = row[half] * a.out_ld;
   }
   const int64_t column0 = static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0;
   const int columns_left = a.n_group_width - c.n0;
 
-  if (a.partials != nullptr) {  // a split: fp32 partial sums, no bias
+  if (a.partials != nullptr) {  // a split: fp32 partial sums (row-major, any kind), no bias
     float* out = a.partials + static_cast<int64_t>(c.split) * a.partial_stride + column0;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
@@ -102,7 +124,11 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
     return;
   }
 
-  Element* out = static_cast<Element*>(a.out) + column0;
+  if constexpr (kScatter) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) out_row[half] = row_valid[half] ? output_row_offset<kScatter>(row[half], a) : 0;
+  }
+  Element* out = static_cast<Element*>(a.out) + (kScatter ? 0 : column0);
 #pragma unroll
   for (int strip = 0; strip < kBlockN / 32; ++strip) {
     if (a.vector_store && strip * 32 + 32 <= columns_left) {
@@ -121,8 +147,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
         }
         transpose_quad(words, quad_lane);
         if (row_valid[half]) {
-          store_global_16_bytes(out + out_row[half] + strip * 32 + quad_lane * 8, words[0], words[1], words[2],
-                                words[3]);
+          store_global_16_bytes(out + out_row[half] + output_column_offset<kScatter>(column0, strip * 32 + quad_lane * 8, a),
+                                words[0], words[1], words[2], words[3]);
         }
       }
     } else {
@@ -134,10 +160,11 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
           const int column = j * 8 + 2 * quad_lane + e;
           if (column >= columns_left) continue;
           const float bias = tile_bias[column];
+          const int64_t column_offset = output_column_offset<kScatter>(column0, column, a);
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             if (!row_valid[half]) continue;
-            out[out_row[half] + column] = from_acc<Element>(acc[4 * j + 2 * half + e] + bias);
+            out[out_row[half] + column_offset] = from_acc<Element>(acc[4 * j + 2 * half + e] + bias);
           }
         }
       }
@@ -234,7 +261,7 @@ __device__ __forceinline__ void stage_partial_tile(const float (&acc)[kBlockN / 
 // tiles in slice order, + bias, stored as Element (16-byte stores of 8 columns where the row
 // allows). `thread` counts the consumer threads (kConsumerThreads of them); every partial tile
 // must be complete (a cluster barrier) before, and stay until every CTA is done (another one).
-template <typename Element, int kBlockN, int kSlices, int kConsumerThreads>
+template <typename Element, int kBlockN, int kSlices, int kConsumerThreads, bool kScatter>
 __device__ __forceinline__ void sum_slices(const float* partial, const float* tile_bias, const CoreArgs& a,
                                            const TileCoord& c, int rank, int thread) {
   constexpr int kLd = PartialTile<kBlockN>::kLd;
@@ -242,7 +269,7 @@ __device__ __forceinline__ void sum_slices(const float* partial, const float* ti
   constexpr int kChunksPerRow = kBlockN / 8;
   const int64_t column0 = static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0;
   const int columns_left = a.n_group_width - c.n0;
-  Element* out = static_cast<Element*>(a.out) + column0;
+  Element* out = static_cast<Element*>(a.out) + (kScatter ? 0 : column0);
   const uint32_t partial_base = smem_address(partial);
   for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += kConsumerThreads) {
     const int row = rank * kRows + chunk / kChunksPerRow;
@@ -272,14 +299,15 @@ __device__ __forceinline__ void sum_slices(const float* partial, const float* ti
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] += sum[e];
-    Element* dst = out + (static_cast<int64_t>(c.outer) * a.m_inner + inner) * a.out_ld + column;
-    if (a.vector_store && column + 8 <= columns_left) {
-      store_global_16_bytes(dst, pack_pair<Element>(v[0], v[1]), pack_pair<Element>(v[2], v[3]),
-                            pack_pair<Element>(v[4], v[5]), pack_pair<Element>(v[6], v[7]));
+    Element* dst = out + output_row_offset<kScatter>(static_cast<int64_t>(c.outer) * a.m_inner + inner, a);
+    if (a.vector_store && column + 8 <= columns_left) {  // (8 columns never straddle a shard then)
+      store_global_16_bytes(dst + output_column_offset<kScatter>(column0, column, a), pack_pair<Element>(v[0], v[1]),
+                            pack_pair<Element>(v[2], v[3]), pack_pair<Element>(v[4], v[5]),
+                            pack_pair<Element>(v[6], v[7]));
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        if (column + e < columns_left) dst[e] = from_acc<Element>(v[e]);
+        if (column + e < columns_left) dst[output_column_offset<kScatter>(column0, column + e, a)] = from_acc<Element>(v[e]);
       }
     }
   }
@@ -287,16 +315,16 @@ __device__ __forceinline__ void sum_slices(const float* partial, const float* ti
 
 // The same for the cluster's size (2, 4 or 8 slices); `tile_bias` is the tile's bias (zeros but
 // for the forward).
-template <typename Element, int kBlockN, int kConsumerThreads>
+template <typename Element, int kBlockN, int kConsumerThreads, bool kScatter>
 __device__ __forceinline__ void sum_cluster_tile(const float* partial, const float* tile_bias, const CoreArgs& a,
                                                  const TileCoord& c, uint32_t cta_rank, int thread) {
   const int rank = static_cast<int>(cta_rank);
   if (a.cluster_size == 2) {
-    sum_slices<Element, kBlockN, 2, kConsumerThreads>(partial, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, 2, kConsumerThreads, kScatter>(partial, tile_bias, a, c, rank, thread);
   } else if (a.cluster_size == 4) {
-    sum_slices<Element, kBlockN, 4, kConsumerThreads>(partial, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, 4, kConsumerThreads, kScatter>(partial, tile_bias, a, c, rank, thread);
   } else {
-    sum_slices<Element, kBlockN, 8, kConsumerThreads>(partial, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, 8, kConsumerThreads, kScatter>(partial, tile_bias, a, c, rank, thread);
   }
 }
 
@@ -304,12 +332,26 @@ __device__ __forceinline__ void sum_cluster_tile(const float* partial, const flo
 
 // out[i] = sum over splits s = 0, 1, ... of partials[s][i] (+ bias[i % columns]), for the
 // rows x columns output; one thread a group of 4 elements (the row length is a multiple of 4
-// when `vector` is set), splits added in order.
+// when `vector` is set), splits added in order. With `scatter` (kGradInput's layout: its shard
+// width nonzero; no bias) element (m, n) goes to out[scatter_row_offset(m) +
+// scatter_column_offset(n)] instead of out[i].
 template <typename Element>
 __global__ void reduce_partials_kernel(const float* __restrict__ partials, int64_t split_stride, int splits,
                                        Element* __restrict__ out, int64_t total, int64_t columns,
-                                       const Element* __restrict__ bias, int64_t bias_stride, int vector) {
+                                       const Element* __restrict__ bias, int64_t bias_stride, int vector,
+                                       OutputScatter scatter) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (scatter.shard_width.divisor > 0) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+      float sum = partials[i];
+      for (int s = 1; s < splits; ++s) sum += partials[s * split_stride + i];
+      const int64_t m = i / columns;
+      const int n = static_cast<int>(i - m * columns);
+      out[scatter_row_offset(static_cast<int>(m), scatter) + scatter_column_offset(n, scatter)] =
+          from_acc<Element>(sum);
+    }
+    return;
+  }
   if (vector) {
     for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < total; i += step * 4) {
       float4 sum = *reinterpret_cast<const float4*>(partials + i);

@@ -500,12 +500,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         float* partial = reinterpret_cast<float*>(shared);
         stage_partial_tile<kBlockN>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
         cluster_sync();  // every slice's partial tile is complete (the producers arrive after their loop)
-        sum_cluster_tile<Element, kBlockN, kConsumerWarpgroups * 128>(partial, bias_rows, args, c, cta_rank,
-                                                                      threadIdx.x - 128);
+        sum_cluster_tile<Element, kBlockN, kConsumerWarpgroups * 128, kKind == GemmKind::kGradInput>(
+            partial, bias_rows, args, c, cta_rank, threadIdx.x - 128);
       } else if constexpr (kKind == GemmKind::kForwardSwapped) {
         store_tile_transposed<Element, kBlockN>(acc, row_bias, args, c, consumer, thread_in_wg);
       } else {
-        store_tile<Element, kBlockN>(acc, tile_bias, args, c, consumer, thread_in_wg);
+        store_tile<Element, kBlockN, kKind == GemmKind::kGradInput>(acc, tile_bias, args, c, consumer, thread_in_wg);
       }
     }
   }
@@ -673,6 +673,12 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
     args.vector_store = args.out_ld % 2 == 0 ? 1 : 0;
   } else if (kKind == GemmKind::kForwardSwapped) {  // 8 W rows (output columns) a store; the warp checks K
     args.vector_store = (is_aligned(args.out, 16) && args.out_ld % 8 == 0) ? 1 : 0;
+  } else if (kKind == GemmKind::kGradInput) {  // 8 columns of one shard a store, in grad_x's layout
+    const OutputScatter& s = args.scatter;
+    args.vector_store = (is_aligned(args.out, 16) && s.shard_width.divisor % 8 == 0 && s.shard_stride % 8 == 0 &&
+                         s.inner_stride % 8 == 0 && s.outer_stride % 8 == 0)
+                            ? 1
+                            : 0;
   } else {
     args.vector_store = (is_aligned(args.out, 16) && args.out_ld % 8 == 0 && shape.n_group_width % 8 == 0) ? 1 : 0;
   }
@@ -709,7 +715,8 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
     const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(threads_needed, 256), 132 * 16));
     reduce_partials_kernel<Element><<<blocks, 256, 0, stream>>>(
         args.partials, args.partial_stride, plan.splits, static_cast<Element*>(args.out), total, args.out_ld,
-        static_cast<const Element*>(args.bias), args.bias_stride, vector);
+        static_cast<const Element*>(args.bias), args.bias_stride, vector,
+        kKind == GemmKind::kGradInput ? args.scatter : OutputScatter{});
   }
 }
 

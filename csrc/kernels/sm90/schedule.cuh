@@ -56,6 +56,34 @@ __device__ __forceinline__ int fast_divide(int n, const FastDivisor& f) {
 }
 #endif
 
+// kGradInput's output layout (GradXLayout, problem.cuh) with its divisions as FastDivisors: row m
+// of the product is at (m / rows_inner) * outer_stride + (m % rows_inner) * inner_stride, column
+// n at (n / shard_width) * shard_stride + n % shard_width. Unused (shard_width 0) by the other
+// kinds. (The split partial sums stay a row-major (rows, out_ld) matrix either way.)
+struct OutputScatter {
+  FastDivisor rows_inner;
+  int64_t inner_stride;
+  int64_t outer_stride;
+  FastDivisor shard_width;
+  int64_t shard_stride;
+};
+
+inline OutputScatter make_output_scatter(const GradXLayout& l) {
+  return OutputScatter{make_fast_divisor(static_cast<int>(l.rows_inner)), l.inner_stride, l.outer_stride,
+                       make_fast_divisor(static_cast<int>(l.shard_width)), l.shard_stride};
+}
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ int64_t scatter_row_offset(int m, const OutputScatter& s) {
+  const int outer = fast_divide(m, s.rows_inner);
+  return outer * s.outer_stride + static_cast<int64_t>(m - outer * s.rows_inner.divisor) * s.inner_stride;
+}
+__device__ __forceinline__ int64_t scatter_column_offset(int n, const OutputScatter& s) {
+  const int shard = fast_divide(n, s.shard_width);
+  return shard * s.shard_stride + (n - shard * s.shard_width.divisor);
+}
+#endif
+
 // The M dim is (outer, inner) rows, m = outer * m_inner + inner (outer = 1 unless a 4-D x view);
 // the N dim is (group, column), n = group * n_group_width + column (groups = R shards for
 // grad_weight, one group otherwise); the reduction is k-blocks, (kblocks_per_group)-long runs per
@@ -91,6 +119,7 @@ struct CoreArgs {
   int tail_shards;        // ... shards whose tail columns make one k-block (64 / (H % 64))
   int tail_h;             // ... the first tail column of a shard (H - H % 64)
   int x_4d;  // x's view is (H, inner, outer, R)
+  OutputScatter scatter;  // kGradInput: where grad_x's rows and columns go (x's layout or the concat)
   int vector_store;  // out (or the partials) 16-byte aligned and out_ld % 8 == 0
 };
 
