@@ -89,7 +89,7 @@ def measure(args):
 
 # The plan model of csrc/kernels/sm90/schedule.cuh (plan_cost), in Python, its constants a dict.
 CONSTANTS = ("kblock_us_256", "kblock_us_192", "kblock_us_128", "kblock_us_64", "job_us", "hbm_bytes_per_us", "split_bytes_per_us",
-             "split_launch_us", "cluster_slice_us")
+             "split_launch_us", "cluster_slice_us", "cluster_unshared")
 
 
 def tile_counts(shape, block_n):
@@ -113,8 +113,9 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p):
     step_fill = reduction / (kblocks(shape) * 64)
     hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / p["hbm_bytes_per_us"]
     job_us = per_split * kblock_us(block_n, p) * step_fill + p["job_us"]
-    if in_cluster:
+    if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
         rounds = math.ceil(m_tiles * n_tiles / RESIDENT[splits])
+        job_us += per_split * kblock_us(block_n, p) * step_fill * p.get("cluster_unshared", 0.0) * block_n / 256
         return max(rounds * (job_us + p["cluster_slice_us"] * splits), hbm_us)
     pair_rows = math.ceil(m_tiles / 2) * n_tiles
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
@@ -224,7 +225,8 @@ def fit(path, kinds, packs_tails=True):
                 kblock_us_128=[0.2, 0.25, 0.28, 0.3, 0.33, 0.36, 0.4],
                 kblock_us_64=[0.12, 0.15, 0.18, 0.2, 0.22, 0.25, 0.3], job_us=[0.0, 1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0],
                 hbm_bytes_per_us=[1.5e6, 2e6, 2.5e6, 3e6, 3.5e6, 4e6, 5e6], split_bytes_per_us=[0.5e6, 1e6, 1.5e6, 2e6, 3e6],
-                split_launch_us=[1.0, 2.0, 3.0, 4.0, 6.0], cluster_slice_us=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0])
+                split_launch_us=[1.0, 2.0, 3.0, 4.0, 6.0], cluster_slice_us=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
+                cluster_unshared=[0.0, 0.1, 0.2, 0.3, 0.5])
     p = {k: v[len(v) // 2] for k, v in grid.items()}
 
     def score(q):

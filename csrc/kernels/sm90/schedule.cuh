@@ -229,7 +229,9 @@ inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n) {
 //    reducing launch;
 //  * a split in the cluster adds the DSMEM sum per slice, and its CTAs share no operand (a
 //    cluster tile is one output tile, in one round only: its grid is not persistent; the driver
-//    fits 66 pairs, 30 clusters of 4 and 15 of 8 on an H200, fewer than 132 / S).
+//    fits 66 pairs, 30 clusters of 4 and 15 of 8 on an H200, fewer than 132 / S): each CTA copies
+//    both operand tiles whole, so its k-blocks cost more than a pair's by a part that grows with
+//    the unshared B tile, 1 + cluster_unshared * N / 256 (runs 45-63 refit: NOTES, "Runs 62-63").
 // Fitted to run 29 (benchmarks/results/run29-core-configs.jsonl: 11 layers x 64-4096 rows, the
 // forward, grad_x and grad_weight of 14 forced configurations): the picked configuration is 0.7%
 // slower than the fastest measured one on average, 20% at worst (small-K forwards at 100-512 rows,
@@ -243,8 +245,9 @@ struct PlanConstants {
   double split_bytes_per_us;
   double split_launch_us;
   double cluster_slice_us;
+  double cluster_unshared;
 };
-constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75};
+constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75, 0.2};
 
 // A k-block's time at a tile width: the fitted widths' constants, linear in between (the token
 // widths: 112 between 64 and 128, 176 between 128 and 192, 240 between 192 and 256).
@@ -276,7 +279,9 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   const double job_us = plan.kblocks_per_split * kblock_us * step_fill + k.job_us;
   if (plan.in_cluster) {
     const int64_t rounds = ceil_div(m_tiles * n_tiles, std::max(1, resident.of(plan.splits)));
-    return std::max(static_cast<double>(rounds) * (job_us + k.cluster_slice_us * plan.splits), hbm_us);
+    const double unshared = k.cluster_unshared * plan.block_n / 256.0;
+    const double cluster_job_us = job_us + plan.kblocks_per_split * kblock_us * step_fill * unshared;
+    return std::max(static_cast<double>(rounds) * (cluster_job_us + k.cluster_slice_us * plan.splits), hbm_us);
   }
   const int64_t jobs = cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n)) * plan.splits;
   const int64_t rounds = ceil_div(jobs, std::max(1, resident.pairs));
