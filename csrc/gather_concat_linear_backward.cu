@@ -143,8 +143,10 @@ Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_sha
   if (x.has_value()) {
     bool same = x->dim() == out_dims && x->size(0) == num_shards && x->size(-1) == H;
     for (int64_t d = 1; same && d + 1 < out_dims; ++d) same = x->size(d) == grad_out.size(d - 1);
-    STD_TORCH_CHECK(same, op, ": x must be (num_shards, *grad_out.shape[:-1], H) = the forward's input, got ",
-                    x->dim(), " dims with x.shape[0] = ", x->size(0), " and x.shape[-1] = ", x->size(-1));
+    STD_TORCH_CHECK(same, op, ": x must be (num_shards, *grad_out.shape[:-1], H) = the forward's input (", num_shards,
+                    ", ..., ", H, ") with ", out_dims, " dims, got ", x->dim(), " dims");
+    STD_TORCH_CHECK(same_cuda_device(grad_out, *x), op, ": x is on ", device_name(*x), " but grad_out is on ",
+                    device_name(grad_out), "; all tensors must be on one device");
   }
   const bool x_layout = x.has_value() && dense_with_contiguous_rows(*x);
   std::array<int64_t, 4> sizes{num_shards};

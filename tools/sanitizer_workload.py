@@ -41,8 +41,11 @@ def _check_backward(g, x, w, family):
     R = x.shape[0]
     ref_x = vga_linear.ops._grad_x_reference(g.double(), w.double(), R)
     ref_w = vga_linear.ops._grad_weight_reference(g.double(), x.double())
-    # grad_x in x's layout (the workload's x is the dense transpose of a (B, R, H) tensor), as autograd asks
-    for got, ref in ((_forced(torch.ops.vga._gather_concat_linear_grad_x_family, g, w, R, family, x), ref_x),
+    # grad_x in x's layout, as autograd asks: the workload's x (the transpose of a (B, R, H) tensor, whose
+    # strides are the concat's) and a contiguous copy (shard-major: the scattering stores)
+    grad_x_op = torch.ops.vga._gather_concat_linear_grad_x_family
+    for got, ref in ((_forced(grad_x_op, g, w, R, family, x), ref_x),
+                     (_forced(grad_x_op, g, w, R, family, x.contiguous()), ref_x),
                      (_forced(torch.ops.vga._gather_concat_linear_grad_weight_family, g, x, family), ref_w)):
         if got is not None:
             scale = max(ref.abs().max().item(), 1e-6)

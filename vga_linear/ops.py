@@ -164,9 +164,10 @@ def takes_x_layout(x: Tensor | None) -> bool:
     return True
 
 
-def _empty_in_layout_of(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """An uninitialised tensor with x's shape and strides (x non-overlapping and dense)."""
-    return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=x.device)
+def _empty_in_layout_of(x: Tensor, like: Tensor) -> Tensor:
+    """An uninitialised tensor of like's dtype and device with x's shape and strides (x
+    non-overlapping and dense)."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=like.dtype, device=like.device)
 
 
 def _check_grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None) -> None:
@@ -182,7 +183,7 @@ def _grad_x_reference(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tens
     _check_grad_out(grad_out, "gather_concat_linear_grad_x")
     _check_grad_x_like(grad_out, weight, num_shards, x)
     grad_x = shards_of_concat((grad_out @ weight).contiguous(), num_shards)
-    return _empty_in_layout_of(x, grad_x.dtype).copy_(grad_x) if takes_x_layout(x) else grad_x
+    return _empty_in_layout_of(x, grad_x).copy_(grad_x) if takes_x_layout(x) else grad_x
 
 
 def _grad_weight_reference(grad_out: Tensor, x: Tensor) -> Tensor:
@@ -213,7 +214,7 @@ def _grad_x_fake(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | 
     torch._check(weight.shape[1] % num_shards == 0)
     _check_grad_x_like(grad_out, weight, num_shards, x)
     if takes_x_layout(x):
-        return _empty_in_layout_of(x, grad_out.dtype)
+        return _empty_in_layout_of(x, grad_out)
     return shards_of_concat(grad_out.new_empty((*grad_out.shape[:-1], weight.shape[1])), num_shards)
 
 

@@ -77,8 +77,10 @@ struct ForwardProblem {
 
 // Where element (row m, column n = r*H + h) of grad_x's (rows, R*H) product lives: in x's own
 // strides where x is dense (so autograd need not copy it into a leaf x's layout), or the
-// (rows, R*H) row-major concat (shard_stride = H, inner_stride = R*H, rows_inner = rows) that the
-// (R, *batch, H) result is a strided view of. Rows split into (outer, inner) as x's batch dims.
+// (rows, R*H) row-major concat that the (R, *batch, H) result is a strided view of (shard_stride
+// = H, inner_stride = R*H; outer_stride = rows_inner * R*H with two batch dims, 0 with one). Rows
+// split into (outer, inner) as x's batch dims: rows_inner is the inner batch dim's size (all rows
+// with one batch dim).
 struct GradXLayout {
   int64_t shard_width;   // H
   int64_t shard_stride;  // elements between shards

@@ -11,7 +11,9 @@
 //    tiles in slice order through distributed shared memory (+ bias) and stores them.
 // The slices are added in a fixed order either way, so the result is the same bits on every run.
 // Output addresses: row m = outer * m_inner + inner, column = n_group * n_group_width + n, both
-// from schedule.cuh's TileCoord; `out_ld` elements between rows.
+// from schedule.cuh's TileCoord; `out_ld` elements between rows, except kGradInput's stores
+// (kScatter), which go through the OutputScatter of grad_x's layout (the split partial sums stay
+// row-major with `out_ld` for every kind).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -693,6 +693,7 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
     } else if (plan.block_n == 176) {
       launch_core_kernel<kKind, Element, 176, false>(a_map, b_map, tails, args, clusters, stream);
     } else {
+      STD_TORCH_CHECK(plan.block_n == 112, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
       launch_core_kernel<kKind, Element, 112, false>(a_map, b_map, tails, args, clusters, stream);
     }
   } else if (plan.block_n == 256) {

@@ -120,7 +120,7 @@ struct CoreArgs {
   int tail_h;             // ... the first tail column of a shard (H - H % 64)
   int x_4d;  // x's view is (H, inner, outer, R)
   OutputScatter scatter;  // kGradInput: where grad_x's rows and columns go (x's layout or the concat)
-  int vector_store;  // out (or the partials) 16-byte aligned and out_ld % 8 == 0
+  int vector_store;  // every 16-byte store of 8 elements is aligned (run_core's conditions, by kind)
 };
 
 struct TileCoord {
