@@ -115,7 +115,7 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p):
     job_us = per_split * kblock_us(block_n, p) * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
         rounds = math.ceil(m_tiles * n_tiles / RESIDENT[splits])
-        job_us += per_split * kblock_us(block_n, p) * step_fill * p.get("cluster_unshared", 0.0) * block_n / 256
+        job_us += per_split * kblock_us(block_n, p) * step_fill * p["cluster_unshared"] * block_n / 256
         return max(rounds * (job_us + p["cluster_slice_us"] * splits), hbm_us)
     pair_rows = math.ceil(m_tiles / 2) * n_tiles
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
@@ -174,6 +174,10 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, p
     for rec, kind in itertools.product(recs, kinds):
         if kind == "fwd" and rec["rows"] <= 64:
             continue  # the skinny families take these rows (the dispatch order)
+        if disturbed(rec):
+            if report and kind == kinds[0]:
+                print(f"  skipped R={rec['R']} H={rec['H']} K={rec['K']} rows={rec['rows']}: disturbed while measured")
+            continue
         shapes = {False: core_shape(rec, kind, skips_fill, packs_tails),
                   True: core_shape(rec, kind, skips_fill, packs_tails, token_tiles=True)}
         packs = kind == "fwd" and packs_tails and rec["H"] % 64 in (16, 32)
@@ -195,10 +199,6 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, p
                 cost = plan_cost(shape, block_n, used, per_split, in_cluster, p)
                 measured.append((cost, t, key, (swapped, -block_n, in_cluster, splits)))
         if not measured:
-            continue
-        if disturbed(rec):
-            if report and kind == kinds[0]:
-                print(f"  skipped R={rec['R']} H={rec['H']} K={rec['K']} rows={rec['rows']}: disturbed while measured")
             continue
         # choose_plan's order (widths 256, 192, 128, 64; grid splits, then cluster splits, fewest first): a
         # rival displaces the plan so far only when it is 3% cheaper; then the swapped orientation's

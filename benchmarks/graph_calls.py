@@ -22,18 +22,16 @@ import torch
 import torch.nn.functional as F
 
 import harness as H
+import metrics as M
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = ("bf16", "fp16")
 
 
 def products(R, H_, K, rows, dtype, config, cublas):
     """name -> zero-argument callable for the requested implementation of each product."""
-    x = torch.randn(R, rows, H_, device="cuda", dtype=dtype)
-    w = torch.randn(K, R * H_, device="cuda", dtype=dtype) / (R * H_) ** 0.5
-    b = torch.randn(K, device="cuda", dtype=dtype)
-    g = torch.randn(rows, K, device="cuda", dtype=dtype)
+    inp = H.make_inputs(M.Shape("graph_calls", R, (rows,), H_, K, dtype), "cuda", seed=0, requires_grad=True)
+    x, w, b, xc, g = (inp[k].detach() for k in ("x", "w", "b", "a", "gy"))
     if cublas:
-        xc = torch.cat(list(x), -1)
         return {"fwd": lambda: F.linear(xc, w, b), "gx": lambda: g @ w, "gw": lambda: g.t() @ xc}
     ops = torch.ops.vga
     return {"fwd": lambda: ops._gather_concat_linear_family(x, w, b, config),
@@ -51,7 +49,7 @@ def main() -> int:
                         help="products to time: fwd, gx, gw (default fwd)")
     parser.add_argument("--config", default="sm90_gemm", help="forced family / core configuration")
     parser.add_argument("--cublas", action="store_true", help="time cuBLAS on a pre-concatenated input instead")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="bf16", choices=DTYPES)
     parser.add_argument("--calls", type=int, default=20, help="calls captured in the graph")
     parser.add_argument("--json", help="write the points here")
     args = parser.parse_args()
@@ -71,7 +69,7 @@ def main() -> int:
         for kind in args.kinds:
             times = []
             for rows in args.rows:
-                fn = products(R, H_, K, rows, DTYPES[args.dtype], args.config, args.cublas)[kind]
+                fn = products(R, H_, K, rows, args.dtype, args.config, args.cublas)[kind]
                 us = H.back_to_back_us(fn, calls=args.calls)
                 times.append(us)
                 points.append(dict(R=R, H=H_, K=K, rows=rows, kind=kind, dtype=args.dtype, impl=label, us=us))

@@ -97,14 +97,13 @@ def test_backward_configs(config, dtype, shape, layout):
     w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
     grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
     ref_x, ref_w = _reference_grads(grad_out, x, w)
-    grad_x = _grad_x(grad_out, w, R, config)  # the (rows, R*H) concat's view
-    assert grad_x.shape == x.shape and grad_x.dtype == dtype
-    _assert_close_scaled(grad_x, ref_x, dtype)
-    grad_x = _grad_x(grad_out, w, R, config, x)  # x's strides where x is dense (contiguous, the SDPA view)
-    assert grad_x.shape == x.shape and grad_x.dtype == dtype
-    if vga_linear.ops.takes_x_layout(x):
-        assert grad_x.stride() == x.stride()
-    _assert_close_scaled(grad_x, ref_x, dtype)
+    # without x: the (rows, R*H) concat's view; with x: x's strides where x is dense (contiguous, the SDPA view)
+    for like in (None, x):
+        grad_x = _grad_x(grad_out, w, R, config, like)
+        assert grad_x.shape == x.shape and grad_x.dtype == dtype
+        if like is not None and vga_linear.ops.takes_x_layout(x):
+            assert grad_x.stride() == x.stride()
+        _assert_close_scaled(grad_x, ref_x, dtype)
     grad_w = _grad_weight(grad_out, x, config)
     assert grad_w.shape == w.shape and grad_w.is_contiguous()
     _assert_close_scaled(grad_w, ref_w, dtype)
@@ -151,29 +150,27 @@ def test_backward_refusals_say_why():
     x = make_x(2, (40,), 64, torch.float32, "cuda")
     w, _ = make_params(2, 64, 32, torch.float32, "cuda", bias=False)
     g = torch.randn(40, 32, device="cuda")
-    with pytest.raises(RuntimeError, match="refuses this input: dtype is not fp16/bf16"):
-        torch.ops.vga._gather_concat_linear_grad_x_family(g, w, 2, "sm90_gemm")
-    with pytest.raises(RuntimeError, match="refuses this input: dtype is not fp16/bf16"):
-        torch.ops.vga._gather_concat_linear_grad_weight_family(g, x, "sm90_gemm")
     xb, wb, gb = x.bfloat16(), w.bfloat16(), g.bfloat16()
-    with pytest.raises(RuntimeError, match="refuses this input: .*16-byte"):
-        torch.ops.vga._gather_concat_linear_grad_x_family(gb, misaligned(wb), 2, "sm90_gemm")
-    with pytest.raises(RuntimeError, match="refuses this input: .*16-byte"):
-        torch.ops.vga._gather_concat_linear_grad_weight_family(gb, misaligned(xb), "sm90_gemm")
-    with pytest.raises(RuntimeError, match="unknown kernel family"):
-        torch.ops.vga._gather_concat_linear_grad_x_family(gb, wb, 2, "no_such_family")
-    with pytest.raises(RuntimeError, match="bad configuration 'n100'"):
-        torch.ops.vga._gather_concat_linear_grad_x_family(gb, wb, 2, "sm90_gemm/n100")
-    with pytest.raises(RuntimeError, match="bad configuration 'c3'.*c2, c4, c8"):
-        torch.ops.vga._gather_concat_linear_grad_weight_family(gb, xb, "sm90_gemm/c3")
-    with pytest.raises(RuntimeError, match="both a split across the grid .s. and one in the cluster .c."):
-        torch.ops.vga._gather_concat_linear_family(xb, wb, None, "sm90_gemm/s2/c2")
-    with pytest.raises(RuntimeError, match="n176 is a token width of the forward; this product takes n64"):
-        torch.ops.vga._gather_concat_linear_grad_x_family(gb, wb, 2, "sm90_gemm/n176")
-    with pytest.raises(RuntimeError, match="n112 is a token width of the forward"):
-        torch.ops.vga._gather_concat_linear_grad_weight_family(gb, xb, "sm90_gemm/n112")
-    with pytest.raises(RuntimeError, match="token widths .n112, n176, n240. take no reduction split"):
-        torch.ops.vga._gather_concat_linear_family(xb, wb, None, "sm90_gemm/n240/s2")
+    ops = torch.ops.vga
+    cases = [  # (what the error says, the call)
+        ("refuses this input: dtype is not fp16/bf16", lambda: ops._gather_concat_linear_grad_x_family(g, w, 2, "sm90_gemm")),
+        ("refuses this input: dtype is not fp16/bf16", lambda: ops._gather_concat_linear_grad_weight_family(g, x, "sm90_gemm")),
+        ("refuses this input: .*16-byte", lambda: ops._gather_concat_linear_grad_x_family(gb, misaligned(wb), 2, "sm90_gemm")),
+        ("refuses this input: .*16-byte", lambda: ops._gather_concat_linear_grad_weight_family(gb, misaligned(xb), "sm90_gemm")),
+        ("unknown kernel family", lambda: ops._gather_concat_linear_grad_x_family(gb, wb, 2, "no_such_family")),
+        ("bad configuration 'n100'", lambda: ops._gather_concat_linear_grad_x_family(gb, wb, 2, "sm90_gemm/n100")),
+        ("bad configuration 'c3'.*c2, c4, c8", lambda: ops._gather_concat_linear_grad_weight_family(gb, xb, "sm90_gemm/c3")),
+        ("both a split across the grid .s. and one in the cluster .c.",
+         lambda: ops._gather_concat_linear_family(xb, wb, None, "sm90_gemm/s2/c2")),
+        ("n176 is a token width of the forward; this product takes n64",
+         lambda: ops._gather_concat_linear_grad_x_family(gb, wb, 2, "sm90_gemm/n176")),
+        ("n112 is a token width of the forward", lambda: ops._gather_concat_linear_grad_weight_family(gb, xb, "sm90_gemm/n112")),
+        ("token widths .n112, n176, n240. take no reduction split",
+         lambda: ops._gather_concat_linear_family(xb, wb, None, "sm90_gemm/n240/s2")),
+    ]
+    for match, call in cases:
+        with pytest.raises(RuntimeError, match=match):
+            call()
     # What sm90 refuses, auto-dispatch still computes (generic), correctly.
     gx = torch.ops.vga.gather_concat_linear_grad_x(gb, misaligned(wb), 2)
     _assert_close_scaled(gx, _reference_grads(gb, xb, wb)[0], torch.bfloat16)

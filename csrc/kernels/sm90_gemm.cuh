@@ -43,6 +43,18 @@ inline int64_t sm90_gemm_packed_tail(const ForwardProblem& p) {
   return (tail == 16 || tail == 32) ? tail : 0;
 }
 
+// The views of those tails (for sm90_gemm and sm90_skinny alike): x and W through their usual
+// views with boxes of the `tail` columns, swizzled as wide as those 32- or 64-byte rows; x's box
+// spans the 64 / tail shards of a k-block for `x_rows` rows, W's one shard for `w_rows` rows.
+inline sm90::TailMaps packed_tail_maps(const ForwardProblem& p, const sm90::RowView& rows, int64_t tail,
+                                       cuuint32_t x_rows, cuuint32_t w_rows) {
+  const cuuint32_t box_h = static_cast<cuuint32_t>(tail);
+  const CUtensorMapSwizzle swizzle = tail == 16 ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B;
+  return sm90::TailMaps{
+      sm90::x_tensor_map(p, rows, box_h, x_rows, false, static_cast<cuuint32_t>(sm90::kBlockK / tail), swizzle),
+      sm90::w_tensor_map(p, box_h, w_rows, swizzle)};
+}
+
 // The swapped forward's shape: M = W's rows, N = the tokens (groups = x's outer batch index,
 // which a token tile never straddles), the reduction R shards of H (unpacked).
 inline sm90::CoreShape sm90_gemm_token_tile_shape(const ForwardProblem& p, const sm90::RowView& rows) {
@@ -60,9 +72,7 @@ inline sm90::CoreShape sm90_gemm_token_tile_shape(const ForwardProblem& p, const
 inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   using namespace sm90;
   const RowView rows = row_view(p);
-  const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
   const int64_t tail = sm90_gemm_packed_tail(p);
-  const int64_t tail_shards = tail > 0 ? kBlockK / tail : 0;
   CoreShape shape;
   shape.m_outer = rows.outer;
   shape.m_inner = rows.inner;
@@ -70,29 +80,19 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   shape.n_group_width = p.out_features;
   shape.k_groups = p.num_shards;
   shape.k_group_width = p.shard_width - tail;  // with packed tails, the shards' whole k-blocks only
-  shape.tail_kblocks = tail > 0 ? ceil_div(p.num_shards, tail_shards) : 0;
+  shape.tail_kblocks = tail > 0 ? ceil_div(p.num_shards, kBlockK / tail) : 0;
   shape.tail_elements = p.num_shards * tail;
+  const CoreShape swapped = sm90_gemm_token_tile_shape(p, rows);
   CoreArgs args{};
   args.out = p.out;
   args.out_ld = p.out_features;
   args.bias = p.bias;
   args.bias_stride = p.bias_stride;
   args.x_4d = rows.four_d ? 1 : 0;
-  args.tail_shards = static_cast<int>(tail_shards);
-  args.tail_h = static_cast<int>(p.shard_width - tail);
-  auto w_map_for = [&](int block_n) { return w_tensor_map(p, kBlockK, block_n / kClusterM); };
-  auto tail_maps_for = [&](int block_n) {
-    const cuuint32_t box_h = static_cast<cuuint32_t>(tail);
-    const CUtensorMapSwizzle swizzle = tail == 16 ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B;
-    return TailMaps{x_tensor_map(p, rows, box_h, 64, false, static_cast<cuuint32_t>(tail_shards), swizzle),
-                    w_tensor_map(p, box_h, block_n / kClusterM, swizzle)};
-  };
-  const CoreShape swapped = sm90_gemm_token_tile_shape(p, rows);
-  const bool forced_token_width = is_token_width(p.forced.block_n);
   const bool forced_other = p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0;
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
-    bool use_swapped = forced_token_width;
+    bool use_swapped = is_token_width(p.forced.block_n);
     ForcedConfig config = p.forced;
     if (!forced_other && tail == 0) {  // the rule: the cheaper orientation by 3%, as between plans
       const ResidentClusters& resident = resident_clusters<GemmKind::kForward, Element>(p.device_index);
@@ -103,18 +103,21 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
       const CorePlan& chosen = use_swapped ? plan_swapped : plan;  // pinned, so run_core does not search again
       config = ForcedConfig{chosen.block_n, chosen.in_cluster ? 0 : chosen.splits, chosen.in_cluster ? chosen.splits : 0};
     }
-    if (use_swapped) {
-      CoreArgs swapped_args = args;
-      swapped_args.tail_shards = 0;
-      swapped_args.tail_h = 0;
-      const CUtensorMap w_rows_map = w_tensor_map(p, kBlockK, 64);  // an A tile is two 64-row boxes of W
+    if (use_swapped) {  // A is W (two 64-row boxes a tile), B the tokens (half a token tile a box)
+      const CUtensorMap w_rows_map = w_tensor_map(p, kBlockK, 64);
       auto tokens_map_for = [&](int block_n) { return x_tensor_map(p, rows, kBlockK, block_n / kClusterM); };
-      run_core<GemmKind::kForwardSwapped, Element>(swapped, swapped_args, w_rows_map, tokens_map_for, p.workspace,
-                                                   config, p.device_index, stream);
-    } else {
-      run_core<GemmKind::kForward, Element>(shape, args, x_map, w_map_for, p.workspace, config, p.device_index, stream,
-                                            tail_maps_for);
+      run_core<GemmKind::kForwardSwapped, Element>(swapped, args, w_rows_map, tokens_map_for, p.workspace, config,
+                                                   p.device_index, stream);
+      return;
     }
+    CoreArgs forward_args = args;
+    forward_args.tail_shards = static_cast<int>(tail > 0 ? kBlockK / tail : 0);
+    forward_args.tail_h = static_cast<int>(p.shard_width - tail);
+    const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
+    auto w_map_for = [&](int block_n) { return w_tensor_map(p, kBlockK, block_n / kClusterM); };
+    auto tail_maps_for = [&](int block_n) { return packed_tail_maps(p, rows, tail, 64, block_n / kClusterM); };
+    run_core<GemmKind::kForward, Element>(shape, forward_args, x_map, w_map_for, p.workspace, config, p.device_index,
+                                          stream, tail_maps_for);
   });
 }
 

@@ -70,6 +70,22 @@ struct StreamArgs {
   int tail_h;             // a shard's first tail column (H - H % 64)
 };
 
+// One k-block's four k steps as one committed wgmma group (k step kk at (kk & 1) * odd + (kk >> 1)
+// * pair past each descriptor: even for whole k-blocks, per-shard blocks for packed tails).
+#ifdef VGA_SM90A_DEVICE
+template <int kN, typename Element>
+__device__ __forceinline__ void mma_kblock(float (&acc)[kN / 2], uint64_t desc_w, sm90::KSteps w_steps,
+                                           uint64_t desc_x, sm90::KSteps x_steps) {
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 16; ++kk) {
+    sm90::WgmmaM64<kN, Element>::run(acc, desc_w + (kk & 1) * w_steps.odd + (kk >> 1) * w_steps.pair,
+                                     desc_x + (kk & 1) * x_steps.odd + (kk >> 1) * x_steps.pair);
+  }
+  sm90::wgmma_commit_group();
+}
+#endif
+
 // kTailShards 2 or 4: the shards' last H % 64 = 32 or 16 columns are packed that many shards to a
 // k-block after the shards' whole k-blocks, as in the GEMM core (sm90/gemm.cuh): W's tail is one
 // box a shard ([shard][128 rows][tail]), x's one box over the shards ([shard][kN][tail]), both
@@ -161,29 +177,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (kTailShards > 0 && first_kblock + i >= args.tail_kblock_begin) {  // a k-block of packed shard tails
         constexpr int kShards = kTailShards > 0 ? kTailShards : 1;
         constexpr int kRowBytes = 128 / kShards;
-        constexpr KSteps kWSteps = shard_tail_k_steps<kBlockRows, kShards>();
-        constexpr KSteps kXSteps = shard_tail_k_steps<kN, kShards>();
-        const uint64_t desc_w =
-            k_major_swizzled_descriptor(w_tiles + stage * kWTileBytes + consumer * 64 * kRowBytes, kRowBytes);
-        const uint64_t desc_x = k_major_swizzled_descriptor(x_tiles + stage * Cfg::kXTileBytes, kRowBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockK / 16; ++kk) {
-          WgmmaM64<kN, Element>::run(acc, desc_w + (kk & 1) * kWSteps.odd + (kk >> 1) * kWSteps.pair,
-                                     desc_x + (kk & 1) * kXSteps.odd + (kk >> 1) * kXSteps.pair);
-        }
-        wgmma_commit_group();
+        mma_kblock<kN, Element>(
+            acc, k_major_swizzled_descriptor(w_tiles + stage * kWTileBytes + consumer * 64 * kRowBytes, kRowBytes),
+            shard_tail_k_steps<kBlockRows, kShards>(),
+            k_major_swizzled_descriptor(x_tiles + stage * Cfg::kXTileBytes, kRowBytes), shard_tail_k_steps<kN, kShards>());
       } else {
-        const uint64_t desc_w =
-            k_major_swizzle128_descriptor(w_tiles + stage * kWTileBytes + consumer * (kWTileBytes / 2));
-        const uint64_t desc_x = k_major_swizzle128_descriptor(x_tiles + stage * Cfg::kXTileBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockK / 16; ++kk) {
-          // +32 bytes per 16-element k step inside the swizzled row, in 16-byte units.
-          WgmmaM64<kN, Element>::run(acc, desc_w + 2 * kk, desc_x + 2 * kk);
-        }
-        wgmma_commit_group();
+        // +32 bytes per 16-element k step inside the swizzled row, in 16-byte units.
+        constexpr KSteps kEven{2, 4};
+        mma_kblock<kN, Element>(
+            acc, k_major_swizzle128_descriptor(w_tiles + stage * kWTileBytes + consumer * (kWTileBytes / 2)), kEven,
+            k_major_swizzle128_descriptor(x_tiles + stage * Cfg::kXTileBytes), kEven);
       }
       wgmma_wait_group<1>();
       if (i > 0 && warp_leader) mbarrier_arrive(&empty[previous_stage]);
@@ -231,12 +234,7 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   const CUtensorMap w_map = sm90::w_tensor_map(p, kBlockK, kBlockRows);
   const int64_t tail = kTailShards > 0 ? kBlockK / kTailShards : 0;
   // (unused without packed tails: the main views again)
-  CUtensorMap x_tail_map = x_map, w_tail_map = w_map;
-  if (kTailShards > 0) {
-    const CUtensorMapSwizzle swizzle = tail == 16 ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B;
-    x_tail_map = sm90::x_tensor_map(p, rows, static_cast<cuuint32_t>(tail), kN, false, kTailShards, swizzle);
-    w_tail_map = sm90::w_tensor_map(p, static_cast<cuuint32_t>(tail), kBlockRows, swizzle);
-  }
+  const sm90::TailMaps tails = kTailShards > 0 ? packed_tail_maps(p, rows, tail, kN, kBlockRows) : sm90::TailMaps{x_map, w_map};
 
   StreamArgs args;
   args.kblocks_per_shard = static_cast<int>(kTailShards > 0 ? H / kBlockK : ceil_div(H, kBlockK));
@@ -253,7 +251,7 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   args.epilogue = skinny_detail::make_params(p, 0);
 
   skinny_detail::launch_skinny<kKernel, kThreads>("sm90_skinny", Cfg::kSharedBytes, plan, stream, x_map, w_map,
-                                                  x_tail_map, w_tail_map, args);
+                                                  tails.a, tails.b, args);
 }
 
 // Packed shard tails where H % 64 is 16 or 32 (sm90_gemm_packed_tail): 4 or 2 shards a k-block.

@@ -40,19 +40,22 @@ struct PartialTile {
 
 #ifdef VGA_SM90A_DEVICE
 
-// Within each quad of lanes (t = lane % 4) word q holds columns 8*q + 2t, 2t+1 of a
-// 32-column strip; afterwards word q holds columns 8*t + 2q, 2q+1, i.e. each lane
-// owns 8 consecutive columns (one 16-byte store). A 4x4 transpose done as two
-// swaps of one index bit between lane and register.
-__device__ __forceinline__ void transpose_quad(uint32_t (&v)[4], int t) {
+// A kN x kN transpose across the kN lanes kLaneStep apart whose lane bits `index` are: before,
+// register k of the lane with index i holds element (i, k); after, element (k, i). log2(kN) swaps
+// of one index bit between lane and register; lanes that differ in other bits do not mix.
+//  * kN = 4, kLaneStep = 1 (the quad of lanes t = lane % 4): word q holds columns 8q + 2t, 2t + 1
+//    of a 32-column strip before, columns 8t + 2q, 2q + 1 after: 8 consecutive columns a lane.
+//  * kN = 8, kLaneStep = 4 (the lanes g = lane / 4 of one t): the swapped forward's W rows.
+template <int kN, int kLaneStep, typename T>
+__device__ __forceinline__ void transpose_across_lanes(T (&v)[kN], int index) {
 #pragma unroll
-  for (int bit = 1; bit <= 2; bit <<= 1) {
-    const bool upper = (t & bit) != 0;
+  for (int bit = 1; bit < kN; bit <<= 1) {
+    const bool upper = (index & bit) != 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kN; ++i) {
       if (i & bit) continue;
-      const uint32_t send = upper ? v[i] : v[i | bit];
-      const uint32_t received = __shfl_xor_sync(0xffffffffu, send, bit);
+      const T send = upper ? v[i] : v[i | bit];
+      const T received = __shfl_xor_sync(0xffffffffu, send, bit * kLaneStep);
       if (upper) {
         v[i] = received;
       } else {
@@ -147,7 +150,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
           const int j = strip * 4 + q;
           words[q] = pack_pair<Element>(acc[4 * j + 2 * half] + bias[q].x, acc[4 * j + 2 * half + 1] + bias[q].y);
         }
-        transpose_quad(words, quad_lane);
+        transpose_across_lanes<4, 1>(words, quad_lane);
         if (row_valid[half]) {
           store_global_16_bytes(out + out_row[half] + output_column_offset<kScatter>(column0, strip * 32 + quad_lane * 8, a),
                                 words[0], words[1], words[2], words[3]);
@@ -169,27 +172,6 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
             out[out_row[half] + column_offset] = from_acc<Element>(acc[4 * j + 2 * half + e] + bias);
           }
         }
-      }
-    }
-  }
-}
-
-// Lane bits 2-4 (g = lane / 4) against register bits 0-2, in three swaps of one bit each: before,
-// register k of lane g holds element (g, k) of an 8 x 8 block; after, element (k, g). Lanes of
-// different lane % 4 do not mix.
-__device__ __forceinline__ void transpose_8x8_across_rows(float (&v)[8], int g) {
-#pragma unroll
-  for (int bit = 1; bit <= 4; bit <<= 1) {
-    const bool upper = (g & bit) != 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (i & bit) continue;
-      const float send = upper ? v[i] : v[i | bit];
-      const float received = __shfl_xor_sync(0xffffffffu, send, bit * 4);
-      if (upper) {
-        v[i] = received;
-      } else {
-        v[i | bit] = received;
       }
     }
   }
@@ -220,7 +202,7 @@ __device__ __forceinline__ void store_tile_transposed(const float (&acc)[kBlockN
       float v[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = acc[8 * chunk + k] + row_bias[(k >> 1) & 1];
-      transpose_8x8_across_rows(v, g);
+      transpose_across_lanes<8, 4>(v, g);
       const int token = 8 * (2 * chunk + (g >> 2)) + 2 * t + (g & 1);
       if (token < tokens_left) {
         store_global_16_bytes(out + token * a.out_ld + m_warp + 8 * ((g >> 1) & 1), pack_pair<Element>(v[0], v[1]),

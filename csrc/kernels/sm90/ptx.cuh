@@ -233,143 +233,79 @@ __device__ __forceinline__ void wgmma_wait_group() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPendingGroups) : "memory");
 }
 
+// The wgmma wrappers' accumulator operands: VGA_ACCS_<n> is acc[0 .. n - 1] as "+f" operands,
+// VGA_REGS_<n> the text "%0, ..., %<n - 1>" that names them in the instruction.
+#define VGA_ACC8(i)                                                                                   \
+  "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), \
+      "+f"(acc[i + 5]), "+f"(acc[i + 6]), "+f"(acc[i + 7])
+#define VGA_REGS_8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define VGA_ACCS_8 VGA_ACC8(0)
+#define VGA_REGS_16 VGA_REGS_8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define VGA_ACCS_16 VGA_ACCS_8, VGA_ACC8(8)
+#define VGA_REGS_24 VGA_REGS_16 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define VGA_ACCS_24 VGA_ACCS_16, VGA_ACC8(16)
+#define VGA_REGS_32 VGA_REGS_24 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define VGA_ACCS_32 VGA_ACCS_24, VGA_ACC8(24)
+#define VGA_REGS_40 VGA_REGS_32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define VGA_ACCS_40 VGA_ACCS_32, VGA_ACC8(32)
+#define VGA_REGS_48 VGA_REGS_40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define VGA_ACCS_48 VGA_ACCS_40, VGA_ACC8(40)
+#define VGA_REGS_56 VGA_REGS_48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define VGA_ACCS_56 VGA_ACCS_48, VGA_ACC8(48)
+#define VGA_REGS_64 VGA_REGS_56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define VGA_ACCS_64 VGA_ACCS_56, VGA_ACC8(56)
+#define VGA_REGS_72 VGA_REGS_64 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define VGA_ACCS_72 VGA_ACCS_64, VGA_ACC8(64)
+#define VGA_REGS_80 VGA_REGS_72 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define VGA_ACCS_80 VGA_ACCS_72, VGA_ACC8(72)
+#define VGA_REGS_88 VGA_REGS_80 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define VGA_ACCS_88 VGA_ACCS_80, VGA_ACC8(80)
+#define VGA_REGS_96 VGA_REGS_88 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define VGA_ACCS_96 VGA_ACCS_88, VGA_ACC8(88)
+#define VGA_REGS_104 VGA_REGS_96 ", %96, %97, %98, %99, %100, %101, %102, %103"
+#define VGA_ACCS_104 VGA_ACCS_96, VGA_ACC8(96)
+#define VGA_REGS_112 VGA_REGS_104 ", %104, %105, %106, %107, %108, %109, %110, %111"
+#define VGA_ACCS_112 VGA_ACCS_104, VGA_ACC8(104)
+#define VGA_REGS_120 VGA_REGS_112 ", %112, %113, %114, %115, %116, %117, %118, %119"
+#define VGA_ACCS_120 VGA_ACCS_112, VGA_ACC8(112)
+#define VGA_REGS_128 VGA_REGS_120 ", %120, %121, %122, %123, %124, %125, %126, %127"
+#define VGA_ACCS_128 VGA_ACCS_120, VGA_ACC8(120)
+
 // acc[64 x N] (fp32, the wgmma fragment layout) = A[64 x 16] * B[N x 16]^T (+ acc when
 // `accumulate` != 0), N = 64, 128, 192 or 256, or the forward's token widths 112, 176 and 240
 // (N / 2 floats a thread), both operands in shared memory:
 // kTransA / kTransB = 0 for a K-major operand, 1 for an MN-major one (16-bit types only).
 // Element is __nv_bfloat16 or __half.
-#define VGA_ACC16(i)                                                                                       \
-  "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), "+f"(acc[i + 5]), \
-      "+f"(acc[i + 6]), "+f"(acc[i + 7]), "+f"(acc[i + 8]), "+f"(acc[i + 9]), "+f"(acc[i + 10]),              \
-      "+f"(acc[i + 11]), "+f"(acc[i + 12]), "+f"(acc[i + 13]), "+f"(acc[i + 14]), "+f"(acc[i + 15])
-#define VGA_WGMMA_M64N64K16(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-      "}, %32, %33, accumulate, 1, 1, %35, %36;\n}\n" \
-      : VGA_ACC16(0), VGA_ACC16(16) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
-#define VGA_WGMMA_M64N128K16(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-      "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n" \
-      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
-#define VGA_WGMMA_M64N192K16(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %98, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  " \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  " \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
-      "}, %96, %97, accumulate, 1, 1, %99, %100;\n}\n" \
-      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC16(80) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
-#define VGA_WGMMA_M64N256K16(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  " \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  " \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,  " \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,  " \
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-      "}, %128, %129, accumulate, 1, 1, %131, %132;\n}\n" \
-      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC16(80), VGA_ACC16(96), VGA_ACC16(112) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
-
-#define VGA_ACC8_WIDE(i)                                                                         \
-  "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), "+f"(acc[i + 5]), \
-      "+f"(acc[i + 6]), "+f"(acc[i + 7])
-#define VGA_WGMMA_M64N112K16(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %58, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n112k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
-      "%48, %49, %50, %51, %52, %53, %54, %55" \
-      "}, %56, %57, accumulate, 1, 1, %59, %60;\n}\n" \
-      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC8_WIDE(48) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
-#define VGA_WGMMA_M64N176K16(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %90, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n176k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  " \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  " \
-      "%80, %81, %82, %83, %84, %85, %86, %87" \
-      "}, %88, %89, accumulate, 1, 1, %91, %92;\n}\n" \
-      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC8_WIDE(80) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
-#define VGA_WGMMA_M64N240K16(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %122, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n240k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  " \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  " \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  " \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,  " \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,  " \
-      "%112, %113, %114, %115, %116, %117, %118, %119" \
-      "}, %120, %121, accumulate, 1, 1, %123, %124;\n}\n" \
-      : VGA_ACC16(0), VGA_ACC16(16), VGA_ACC16(32), VGA_ACC16(48), VGA_ACC16(64), VGA_ACC16(80), VGA_ACC16(96), VGA_ACC8_WIDE(112) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
-
 template <int kN, typename Element, int kTransA, int kTransB>
 struct Wgmma;
 
-#define VGA_WGMMA_WIDE(N, TYPE, ELEMENT)                                                            \
-  template <int kTransA, int kTransB>                                                               \
-  struct Wgmma<N, ELEMENT, kTransA, kTransB> {                                                      \
-    __device__ __forceinline__ static void run(float (&acc)[N / 2], uint64_t desc_a, uint64_t desc_b, \
-                                               uint32_t accumulate) {                               \
-      VGA_WGMMA_M64N##N##K16(TYPE);                                                                 \
-    }                                                                                               \
+// One width's two specialisations: REGS names the N / 2 accumulators (%0 .., the trailing
+// operands), and the operands after them are the descriptors (DESCS), the accumulate flag (PRED)
+// and the transpose bits (TRANS).
+#define VGA_WGMMA_WIDE_TYPE(N, TYPE, ELEMENT, REGS, DESCS, PRED, TRANS, ...)                             \
+  template <int kTransA, int kTransB>                                                                    \
+  struct Wgmma<N, ELEMENT, kTransA, kTransB> {                                                           \
+    __device__ __forceinline__ static void run(float (&acc)[N / 2], uint64_t desc_a, uint64_t desc_b,    \
+                                               uint32_t accumulate) {                                    \
+      asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, " PRED ", 0;\n"                  \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS "}, " DESCS \
+                   ", accumulate, 1, 1, " TRANS ";\n}\n"                                                 \
+                   : __VA_ARGS__                                                                         \
+                   : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));             \
+    }                                                                                                    \
   };
-VGA_WGMMA_WIDE(64, "bf16", __nv_bfloat16)
-VGA_WGMMA_WIDE(64, "f16", __half)
-VGA_WGMMA_WIDE(128, "bf16", __nv_bfloat16)
-VGA_WGMMA_WIDE(128, "f16", __half)
-VGA_WGMMA_WIDE(192, "bf16", __nv_bfloat16)
-VGA_WGMMA_WIDE(192, "f16", __half)
-VGA_WGMMA_WIDE(256, "bf16", __nv_bfloat16)
-VGA_WGMMA_WIDE(256, "f16", __half)
-VGA_WGMMA_WIDE(112, "bf16", __nv_bfloat16)
-VGA_WGMMA_WIDE(112, "f16", __half)
-VGA_WGMMA_WIDE(176, "bf16", __nv_bfloat16)
-VGA_WGMMA_WIDE(176, "f16", __half)
-VGA_WGMMA_WIDE(240, "bf16", __nv_bfloat16)
-VGA_WGMMA_WIDE(240, "f16", __half)
-
+#define VGA_WGMMA_WIDE(N, REGS, DESCS, PRED, TRANS, ...)                                 \
+  VGA_WGMMA_WIDE_TYPE(N, "bf16", __nv_bfloat16, REGS, DESCS, PRED, TRANS, __VA_ARGS__) \
+  VGA_WGMMA_WIDE_TYPE(N, "f16", __half, REGS, DESCS, PRED, TRANS, __VA_ARGS__)
+VGA_WGMMA_WIDE(64, VGA_REGS_32, "%32, %33", "%34", "%35, %36", VGA_ACCS_32)
+VGA_WGMMA_WIDE(112, VGA_REGS_56, "%56, %57", "%58", "%59, %60", VGA_ACCS_56)
+VGA_WGMMA_WIDE(128, VGA_REGS_64, "%64, %65", "%66", "%67, %68", VGA_ACCS_64)
+VGA_WGMMA_WIDE(176, VGA_REGS_88, "%88, %89", "%90", "%91, %92", VGA_ACCS_88)
+VGA_WGMMA_WIDE(192, VGA_REGS_96, "%96, %97", "%98", "%99, %100", VGA_ACCS_96)
+VGA_WGMMA_WIDE(240, VGA_REGS_120, "%120, %121", "%122", "%123, %124", VGA_ACCS_120)
+VGA_WGMMA_WIDE(256, VGA_REGS_128, "%128, %129", "%130", "%131, %132", VGA_ACCS_128)
 #undef VGA_WGMMA_WIDE
-#undef VGA_WGMMA_M64N256K16
-#undef VGA_WGMMA_M64N192K16
-#undef VGA_WGMMA_M64N128K16
-#undef VGA_WGMMA_M64N64K16
-#undef VGA_WGMMA_M64N112K16
-#undef VGA_WGMMA_M64N176K16
-#undef VGA_WGMMA_M64N240K16
-#undef VGA_ACC8_WIDE
-#undef VGA_ACC16
+#undef VGA_WGMMA_WIDE_TYPE
 
 // acc[64 x N] = A[64 x 16] * B[N x 16]^T (+ acc), N = 16, 32 or 64 (N / 2 fp32 a thread),
 // both operands K-major in shared memory: the narrow-N wgmma of the skinny streaming kernel,
@@ -388,21 +324,12 @@ struct WgmmaM64;
                    : "l"(desc_a), "l"(desc_b));                                                  \
     }                                                                                            \
   };
-#define VGA_ACC8(i)                                                                                   \
-  "+f"(acc[i + 0]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]), \
-      "+f"(acc[i + 5]), "+f"(acc[i + 6]), "+f"(acc[i + 7])
-#define VGA_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
-#define VGA_REGS16 VGA_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
-#define VGA_REGS32 \
-  VGA_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-VGA_WGMMA_NARROW(16, "bf16", __nv_bfloat16, VGA_REGS8, "%8, %9", VGA_ACC8(0))
-VGA_WGMMA_NARROW(16, "f16", __half, VGA_REGS8, "%8, %9", VGA_ACC8(0))
-VGA_WGMMA_NARROW(32, "bf16", __nv_bfloat16, VGA_REGS16, "%16, %17", VGA_ACC8(0), VGA_ACC8(8))
-VGA_WGMMA_NARROW(32, "f16", __half, VGA_REGS16, "%16, %17", VGA_ACC8(0), VGA_ACC8(8))
-VGA_WGMMA_NARROW(64, "bf16", __nv_bfloat16, VGA_REGS32, "%32, %33", VGA_ACC8(0), VGA_ACC8(8),
-                 VGA_ACC8(16), VGA_ACC8(24))
-VGA_WGMMA_NARROW(64, "f16", __half, VGA_REGS32, "%32, %33", VGA_ACC8(0), VGA_ACC8(8),
-                 VGA_ACC8(16), VGA_ACC8(24))
+VGA_WGMMA_NARROW(16, "bf16", __nv_bfloat16, VGA_REGS_8, "%8, %9", VGA_ACCS_8)
+VGA_WGMMA_NARROW(16, "f16", __half, VGA_REGS_8, "%8, %9", VGA_ACCS_8)
+VGA_WGMMA_NARROW(32, "bf16", __nv_bfloat16, VGA_REGS_16, "%16, %17", VGA_ACCS_16)
+VGA_WGMMA_NARROW(32, "f16", __half, VGA_REGS_16, "%16, %17", VGA_ACCS_16)
+VGA_WGMMA_NARROW(64, "bf16", __nv_bfloat16, VGA_REGS_32, "%32, %33", VGA_ACCS_32)
+VGA_WGMMA_NARROW(64, "f16", __half, VGA_REGS_32, "%32, %33", VGA_ACCS_32)
 
 // acc[64 x 64] = A[64 x 8] * B[64 x 8]^T (+ acc when `accumulate` != 0) on TF32 operands, A in
 // registers, B K-major in shared memory (TF32 has no transposed form; a k8 step of fp32 is 32
@@ -412,17 +339,46 @@ VGA_WGMMA_NARROW(64, "f16", __half, VGA_REGS32, "%32, %33", VGA_ACC8(0), VGA_ACC
 __device__ __forceinline__ void wgmma_tf32_m64n64k8_register_a(float (&acc)[32], const uint32_t (&a)[4],
                                                                uint64_t desc_b, uint32_t accumulate) {
   asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %37, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" VGA_REGS32 "}, {%32, %33, %34, %35}, %36, "
+               "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" VGA_REGS_32 "}, {%32, %33, %34, %35}, %36, "
                "accumulate, 1, 1;\n}\n"
-               : VGA_ACC8(0), VGA_ACC8(8), VGA_ACC8(16), VGA_ACC8(24)
+               : VGA_ACCS_32
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
-#undef VGA_REGS32
-#undef VGA_REGS16
-#undef VGA_REGS8
-#undef VGA_ACC8
 #undef VGA_WGMMA_NARROW
+#undef VGA_ACC8
+#undef VGA_REGS_8
+#undef VGA_ACCS_8
+#undef VGA_REGS_16
+#undef VGA_ACCS_16
+#undef VGA_REGS_24
+#undef VGA_ACCS_24
+#undef VGA_REGS_32
+#undef VGA_ACCS_32
+#undef VGA_REGS_40
+#undef VGA_ACCS_40
+#undef VGA_REGS_48
+#undef VGA_ACCS_48
+#undef VGA_REGS_56
+#undef VGA_ACCS_56
+#undef VGA_REGS_64
+#undef VGA_ACCS_64
+#undef VGA_REGS_72
+#undef VGA_ACCS_72
+#undef VGA_REGS_80
+#undef VGA_ACCS_80
+#undef VGA_REGS_88
+#undef VGA_ACCS_88
+#undef VGA_REGS_96
+#undef VGA_ACCS_96
+#undef VGA_REGS_104
+#undef VGA_ACCS_104
+#undef VGA_REGS_112
+#undef VGA_ACCS_112
+#undef VGA_REGS_120
+#undef VGA_ACCS_120
+#undef VGA_REGS_128
+#undef VGA_ACCS_128
 
 // Four 8 x 8 matrices of 16-bit elements (each row 16 bytes at the address lane 8i + r gives
 // for row r of matrix i); lane (g = lane / 4, t = lane % 4) receives row g, 32-bit word t of
