@@ -92,22 +92,25 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   const bool forced_other = p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0;
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
+    // The rule: the cheaper orientation by 3%, as between plans, unless a width or a split is forced
+    // (a token width forces the swapped one) or the shape packs shard tails (the first one only).
+    const bool choose_orientation = !forced_other && tail == 0;
     bool use_swapped = is_token_width(p.forced.block_n);
-    ForcedConfig config = p.forced;
-    if (!forced_other && tail == 0) {  // the rule: the cheaper orientation by 3%, as between plans
+    CorePlan plan{}, plan_swapped{};
+    if (choose_orientation || !use_swapped) plan = core_plan<GemmKind::kForward, Element>(shape, p.forced, p.device_index);
+    if (choose_orientation || use_swapped) {
+      plan_swapped = core_plan<GemmKind::kForwardSwapped, Element>(swapped, p.forced, p.device_index);
+    }
+    if (choose_orientation) {
       const ResidentClusters& resident = resident_clusters<GemmKind::kForward, Element>(p.device_index);
       const ResidentClusters& resident_swapped = resident_clusters<GemmKind::kForwardSwapped, Element>(p.device_index);
-      const CorePlan plan = choose_plan(shape, resident, p.forced);
-      const CorePlan plan_swapped = choose_plan(swapped, resident_swapped, p.forced);
       use_swapped = plan_cost(swapped, plan_swapped, resident_swapped) < 0.97 * plan_cost(shape, plan, resident);
-      const CorePlan& chosen = use_swapped ? plan_swapped : plan;  // pinned, so run_core does not search again
-      config = ForcedConfig{chosen.block_n, chosen.in_cluster ? 0 : chosen.splits, chosen.in_cluster ? chosen.splits : 0};
     }
     if (use_swapped) {  // A is W (two 64-row boxes a tile), B the tokens (half a token tile a box)
       const CUtensorMap w_rows_map = w_tensor_map(p, kBlockK, 64);
       auto tokens_map_for = [&](int block_n) { return x_tensor_map(p, rows, kBlockK, block_n / kClusterM); };
-      run_core<GemmKind::kForwardSwapped, Element>(swapped, args, w_rows_map, tokens_map_for, p.workspace, config,
-                                                   p.device_index, stream);
+      run_core<GemmKind::kForwardSwapped, Element>(swapped, plan_swapped, args, w_rows_map, tokens_map_for,
+                                                   p.workspace, p.device_index, stream);
       return;
     }
     CoreArgs forward_args = args;
@@ -116,7 +119,7 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
     const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
     auto w_map_for = [&](int block_n) { return w_tensor_map(p, kBlockK, block_n / kClusterM); };
     auto tail_maps_for = [&](int block_n) { return packed_tail_maps(p, rows, tail, 64, block_n / kClusterM); };
-    run_core<GemmKind::kForward, Element>(shape, forward_args, x_map, w_map_for, p.workspace, config, p.device_index,
+    run_core<GemmKind::kForward, Element>(shape, plan, forward_args, x_map, w_map_for, p.workspace, p.device_index,
                                           stream, tail_maps_for);
   });
 }

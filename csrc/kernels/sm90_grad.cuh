@@ -52,7 +52,8 @@ inline void sm90_grad_input(const GradInputProblem& p, cudaStream_t stream) {
   auto weight_map_for = [&](int) { return weight_map; };
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
-    run_core<GemmKind::kGradInput, Element>(shape, args, grad_out_map, weight_map_for, p.workspace, p.forced,
+    const CorePlan plan = core_plan<GemmKind::kGradInput, Element>(shape, p.forced, p.device_index);
+    run_core<GemmKind::kGradInput, Element>(shape, plan, args, grad_out_map, weight_map_for, p.workspace,
                                             p.device_index, stream);
   });
 }
@@ -99,7 +100,8 @@ inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
   auto x_map_for = [&](int) { return x_map; };
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
-    run_core<GemmKind::kGradWeight, Element>(shape, args, grad_out_map, x_map_for, p.workspace, p.forced,
+    const CorePlan plan = core_plan<GemmKind::kGradWeight, Element>(shape, p.forced, p.device_index);
+    run_core<GemmKind::kGradWeight, Element>(shape, plan, args, grad_out_map, x_map_for, p.workspace,
                                              p.device_index, stream);
   });
 }

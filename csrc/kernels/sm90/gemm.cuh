@@ -631,14 +631,10 @@ struct NoTailMaps {
   TailMaps operator()(int /*block_n*/) const { return TailMaps{}; }
 };
 
-// Plans, fills the tile counts of `args` (whose out, out_ld, bias, x_4d and, with packed shard
-// tails, tail_shards and tail_h the family set), launches the core and, for a split across the
-// grid, the fixed-order sum of the partials. `b_map_for(block_n)` builds the B view, whose box may
-// depend on the tile width; `tail_maps_for(block_n)` the views of the shape's tail k-blocks.
-template <GemmKind kKind, typename Element, typename BMapFor, typename TailMapsFor = NoTailMaps>
-void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, BMapFor&& b_map_for,
-              const WorkspaceRequest& workspace, ForcedConfig forced, int32_t device_index, cudaStream_t stream,
-              TailMapsFor tail_maps_for = {}) {
+// The plan of one product: `forced` checked against the kind (the swapped forward takes only the
+// token widths, without a split; the other kinds only n64-n256), then choose_plan over what it allows.
+template <GemmKind kKind, typename Element>
+CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_index) {
   STD_TORCH_CHECK(shape.token_tiles == (kKind == GemmKind::kForwardSwapped), "vga sm90_gemm: core shape and kind disagree");
   STD_TORCH_CHECK(!shape.token_tiles || (forced.splits <= 1 && forced.cluster_splits == 0),
                   "vga sm90_gemm: the token widths (n112, n176, n240) take no reduction split (s1 only)");
@@ -646,8 +642,19 @@ void run_core(const CoreShape& shape, CoreArgs args, const CUtensorMap& a_map, B
                   forced.block_n, shape.token_tiles ? " is not a token width (n112, n176, n240)"
                                                     : " is a token width of the forward; this product takes n64, n128, "
                                                       "n192 or n256");
+  return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
+}
+
+// Fills the tile counts of `args` (whose out, out_ld, bias, x_4d and, with packed shard tails,
+// tail_shards and tail_h the family set) for `plan` (core_plan's), launches the core and, for a
+// split across the grid, the fixed-order sum of the partials. `b_map_for(block_n)` builds the B
+// view, whose box may depend on the tile width; `tail_maps_for(block_n)` the views of the shape's
+// tail k-blocks.
+template <GemmKind kKind, typename Element, typename BMapFor, typename TailMapsFor = NoTailMaps>
+void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const CUtensorMap& a_map,
+              BMapFor&& b_map_for, const WorkspaceRequest& workspace, int32_t device_index, cudaStream_t stream,
+              TailMapsFor tail_maps_for = {}) {
   const ResidentClusters& resident = resident_clusters<kKind, Element>(device_index);
-  const CorePlan plan = choose_plan(shape, resident, forced);
   const int64_t rows = shape.m_outer * shape.m_inner;
   args.m_inner = static_cast<int>(shape.m_inner);
   args.m_inner_tiles = make_fast_divisor(static_cast<int>(ceil_div(shape.m_inner, kBlockM)));
