@@ -431,6 +431,26 @@ def test_plan_constants_match_the_fitted_model():
     assert max(core_configs.regrets(run37, flat, skips_fill=True, packs_tails=False)) > 1.3
 
 
+def test_ab_compare_reads_an_alternated_device_call(tmp_path, capsys):
+    import ab_compare
+
+    path = os.path.join(BENCH_DIR, "results", "run69-cluster-arrive-early-ab.txt")
+    with open(path) as f:
+        runs, builds = ab_compare.parse(f)
+    assert builds == ["main", "cae"]
+    rows = {(kind, layer): points for kind, layer, points in ab_compare.compare(runs, "main", "cae")}
+    assert len(rows) == 12 and all(len(points) == 3 for points in rows.values())
+    # three runs a build: R=12, H=64, K=768's forward at 100 rows, 5.54/5.55/5.58 against 5.57/5.55/5.60 us
+    base, other, ratio, base_spread, other_spread = rows[("fwd", "R=12 H=64 K=768")][0]
+    assert abs(base - 5.5567) < 1e-3 and abs(other - 5.5733) < 1e-3 and abs(ratio - other / base) < 1e-12
+    assert 1.0 <= base_spread < 1.01 and 1.0 <= other_spread < 1.01
+    assert ab_compare.main([path, "--base", "cae", "--rows", "100,333,1024"]) == 0
+    assert capsys.readouterr().out.startswith("main / cae")
+    one_build = tmp_path / "one.txt"
+    one_build.write_text("== main\nsm90_gemm fwd R=2 H=64 K=128:     1.00     2.00\n")
+    assert ab_compare.main([str(one_build)]) == 1
+
+
 def test_graph_calls_says_it_needs_a_gpu(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
