@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     torch.set_float32_matmul_precision("highest")
     shapes = [M.parse_shape(s) for s in args.shape] if args.shape else bench.suite_shapes(args.suite)
     timer = H.GpuTimer()
-    print(f"{'shape':34s} {'auto':>10s} " + " ".join(f"{f:>10s}" for f in FAMILIES) + f" {'cublas':>10s}   (us)")
+    print(f"{'shape':34s} {'auto':>18s} " + " ".join(f"{f:>10s}" for f in FAMILIES) + f" {'cublas':>10s}   (us)")
     for shape in shapes:
         inp = H.make_inputs(shape, "cuda", seed=0, requires_grad=False)
         x, w, b, a = inp["x"], inp["w"], inp["b"], inp["a"]
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
             cells.append(f"{statistics.median(timer.run(fn, rep_ms=args.rep_ms)):10.2f}")
         cublas = statistics.median(timer.run(lambda: F.linear(a, w, b), rep_ms=args.rep_ms))
         auto = H.kernel_choice(x, w, b)
-        print(f"{shape.name + ' ' + shape.spec():34s} {str(auto):>10s} " + " ".join(f"{c:>10s}" for c in cells)
+        print(f"{shape.name + ' ' + shape.spec():34s} {str(auto):>18s} " + " ".join(f"{c:>10s}" for c in cells)
               + f" {cublas:10.2f}", flush=True)
     return 0
 

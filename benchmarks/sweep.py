@@ -192,12 +192,12 @@ def summarize(points: list) -> dict:
 def point_line(p: dict) -> str:
     ok = "pass" if p["passed"] else "FAIL"
     slow = " <" if max(p["vga/gemm_only"], p["vga/permute"]) > SLOW else ""
-    return (f"{p['layer']:<14} {p['dtype']:<5} {p['rows']:>6} {str(p['family']):>12} {M.fmt_us(p['vga_us']):>9} "
+    return (f"{p['layer']:<14} {p['dtype']:<5} {p['rows']:>6} {str(p['family']):>18} {M.fmt_us(p['vga_us']):>9} "
             f"{M.fmt_us(p['gemm_only_us']):>9} {M.fmt_us(p['permute_us']):>9} {p['vga/gemm_only']:>9.2f} "
             f"{p['vga/permute']:>8.2f} {M.fmt_sci(p['max_rel']):>8} {ok:>4}{slow}")
 
 
-HEADER = (f"{'layer':<14} {'dtype':<5} {'rows':>6} {'family':>12} {'vga_us':>9} {'gemm_us':>9} {'perm_us':>9} "
+HEADER = (f"{'layer':<14} {'dtype':<5} {'rows':>6} {'family':>18} {'vga_us':>9} {'gemm_us':>9} {'perm_us':>9} "
           f"{'vga/gemm':>9} {'vga/perm':>8} {'max_rel':>8} {'ok':>4}")
 
 

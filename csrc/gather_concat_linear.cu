@@ -22,6 +22,8 @@ struct Family {
   const char* name;
   const char* (*refusal)(const ForwardProblem&);
   void (*forward)(const ForwardProblem&, cudaStream_t);
+  // The configuration it would run, as a forced configuration spells it (nullptr: it has none).
+  std::string (*config)(const ForwardProblem&) = nullptr;
 };
 
 // In preference order; generic, which accepts everything, comes last.
@@ -31,7 +33,7 @@ constexpr Family kFamilies[] = {
     {"skinny", skinny_refusal, skinny_forward},
     {"sm90_tf32x3", sm90_tf32x3_refusal, sm90_tf32x3_forward},
     {"simt_fp32", simt_fp32_refusal, simt_fp32_forward},
-    {"sm90_gemm", sm90_gemm_refusal, sm90_gemm_forward},
+    {"sm90_gemm", sm90_gemm_refusal, sm90_gemm_forward, sm90_gemm_config},
     {"generic", generic_refusal, generic_forward},
 };
 constexpr size_t kGenericIndex = sizeof(kFamilies) / sizeof(kFamilies[0]) - 1;
@@ -179,12 +181,18 @@ Tensor gather_concat_linear_family_cuda(Tensor x, Tensor weight, std::optional<T
                      parse_forced_config(family.substr(slash + 1), family, "gather_concat_linear"));
 }
 
-// The family the dispatcher would pick for these inputs ("" for an empty output).
+// The family the dispatcher would pick for these inputs and, for one with configurations, the one
+// it would run ("sm90_gemm/n128/s2": the name _gather_concat_linear_family forces it by); "" for an
+// empty output.
 std::string gather_concat_linear_choice_cuda(Tensor x, Tensor weight, std::optional<Tensor> bias) {
   check_forward_args(x, weight, bias);
   const int64_t rows = x.size(1) * (x.dim() == 4 ? x.size(2) : 1);
   if (rows == 0 || weight.size(0) == 0) return "";
-  return choose_family(describe_forward(x, weight, bias, nullptr)).name;
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());  // (the plan asks x's device)
+  const ForwardProblem p = describe_forward(x, weight, bias, nullptr);
+  const Family& family = choose_family(p);
+  if (family.config == nullptr) return family.name;
+  return std::string(family.name) + "/" + family.config(p);
 }
 
 }  // namespace

@@ -130,6 +130,21 @@ def test_auto_dispatch_names_an_accepting_family():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(32, (100,), 128, 4096), (32, (333,), 128, 4096), (3, (1024,), 256, 1000),
+                                   (16, (2048,), 80, 1280), (12, (256,), 64, 768)], ids=str)
+def test_auto_dispatch_names_the_core_configuration_it_runs(shape):
+    # sm90_gemm's choice names its plan ("sm90_gemm/n128/s2", "sm90_gemm/n176"); forcing that name
+    # runs the same kernels: the same bits as the dispatch's own call.
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, torch.bfloat16, "cuda")
+    w, b = make_params(R, H, K, torch.bfloat16, "cuda")
+    choice = torch.ops.vga._gather_concat_linear_choice(x, w, b)
+    family, _, config = choice.partition("/")
+    assert family == "sm90_gemm" and config, choice
+    assert torch.equal(run_op(x, w, b, choice), run_op(x, w, b)), choice
+
+
+@pytest.mark.cuda
 def test_more_than_2_pow_31_elements():
     R, B, H, K = 4, 2**21 + 3, 256, 8  # x holds 2^31 + 3072 bf16 elements
     torch.manual_seed(0)
