@@ -169,6 +169,60 @@ def disturbed(rec):
     return False
 
 
+def plan_keys(rec, kind):
+    """Every configuration choose_plan (schedule.cuh) weighs for this product, as the forced names
+    spell them ("fwd_sm90_gemm/n128/s2"), in its order: per width 256, 192, 128, 64 the grid
+    splits it enumerates (fewest first, until a slice is shorter than 4 k-blocks), then the cluster
+    splits 2, 4, 8; the forward's token widths 240, 176, 112 unsplit."""
+    total = kblocks(core_shape(rec, kind))
+    keys = []
+    for block_n in (256, 192, 128, 64):
+        for splits in range(1, 65):
+            per_split = math.ceil(total / splits)
+            if per_split < 4 and splits > 1:
+                break
+            if math.ceil(total / per_split) == splits:
+                keys.append(f"{kind}_sm90_gemm/n{block_n}/s{splits}")
+        keys += [f"{kind}_sm90_gemm/n{block_n}/c{slices}" for slices in (2, 4, 8)]
+    if kind == "fwd":
+        keys += [f"{kind}_sm90_gemm/n{block_n}/s1" for block_n in TOKEN_WIDTHS]
+    return keys
+
+
+def pick(rec, kind, p, keys, skips_fill=True, packs_tails=True):
+    """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
+    this product: choose_plan's cheapest plan of each orientation, where a rival displaces the plan
+    so far only when it is 3% cheaper, then the swapped one only if 3% cheaper (sm90_gemm.cuh); and
+    the keys the rule could pick at all. (None, []) if none."""
+    shapes = {False: core_shape(rec, kind, skips_fill, packs_tails),
+              True: core_shape(rec, kind, skips_fill, packs_tails, token_tiles=True)}
+    packs = kind == "fwd" and packs_tails and rec["H"] % 64 in (16, 32)
+    candidates = []
+    for key in keys:
+        width, split = key.split("/")[1:]
+        block_n, splits, in_cluster = int(width[1:]), int(split[1:]), split[0] == "c"
+        swapped = block_n in TOKEN_WIDTHS
+        if swapped and packs:
+            continue  # the rule keeps shapes that pack shard tails in the first orientation
+        shape = shapes[swapped]
+        total = kblocks(shape)
+        per_split = math.ceil(total / splits)
+        used = splits if in_cluster else math.ceil(total / per_split)
+        if in_cluster and (per_split * (splits - 1) >= total
+                           or math.prod(tile_counts(shape, block_n)) > RESIDENT[splits]):
+            continue  # the rule gives every CTA of the cluster a slice, all clusters in one round
+        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p)
+        candidates.append((cost, key, (swapped, -block_n, in_cluster, splits)))
+    if not candidates:
+        return None, []
+    best = {}
+    for c in sorted(candidates, key=lambda c: c[2]):
+        if c[2][0] not in best or c[0] < best[c[2][0]][0] * 0.97:
+            best[c[2][0]] = c
+    swaps = True in best and (False not in best or best[True][0] < 0.97 * best[False][0])
+    return best[swaps][1], [c[1] for c in candidates]
+
+
 def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, packs_tails=True):
     out = []
     for rec, kind in itertools.product(recs, kinds):
@@ -178,41 +232,14 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, p
             if report and kind == kinds[0]:
                 print(f"  skipped R={rec['R']} H={rec['H']} K={rec['K']} rows={rec['rows']}: disturbed while measured")
             continue
-        shapes = {False: core_shape(rec, kind, skips_fill, packs_tails),
-                  True: core_shape(rec, kind, skips_fill, packs_tails, token_tiles=True)}
-        packs = kind == "fwd" and packs_tails and rec["H"] % 64 in (16, 32)
-        measured = []
-        for key, t in rec.items():
-            if key.startswith(kind + "_sm90_gemm/") and isinstance(t, float):
-                width, split = key.split("/")[1:]
-                block_n, splits, in_cluster = int(width[1:]), int(split[1:]), split[0] == "c"
-                swapped = block_n in TOKEN_WIDTHS
-                if swapped and packs:
-                    continue  # the rule keeps shapes that pack shard tails in the first orientation
-                shape = shapes[swapped]
-                total = kblocks(shape)
-                per_split = math.ceil(total / splits)
-                used = splits if in_cluster else math.ceil(total / per_split)
-                if in_cluster and (per_split * (splits - 1) >= total
-                                   or math.prod(tile_counts(shape, block_n)) > RESIDENT[splits]):
-                    continue  # the rule gives every CTA of the cluster a slice, all clusters in one round
-                cost = plan_cost(shape, block_n, used, per_split, in_cluster, p)
-                measured.append((cost, t, key, (swapped, -block_n, in_cluster, splits)))
-        if not measured:
+        measured = {key: t for key, t in rec.items() if key.startswith(kind + "_sm90_gemm/") and isinstance(t, float)}
+        picked, eligible = pick(rec, kind, p, list(measured), skips_fill, packs_tails)
+        if picked is None:
             continue
-        # choose_plan's order (widths 256, 192, 128, 64; grid splits, then cluster splits, fewest first): a
-        # rival displaces the plan so far only when it is 3% cheaper; then the swapped orientation's
-        # plan (widths 240, 176, 112) displaces that one the same way (sm90_gemm.cuh)
-        best = {}
-        for m in sorted(measured, key=lambda m: m[3]):
-            if m[3][0] not in best or m[0] < best[m[3][0]][0] * 0.97:
-                best[m[3][0]] = m
-        swaps = True in best and (False not in best or best[True][0] < 0.97 * best[False][0])
-        picked = best[swaps]
-        regret = picked[1] / min(m[1] for m in measured)
+        regret = measured[picked] / min(measured[key] for key in eligible)
         out.append(regret)
         if report and regret > 1.05:
-            print(f"  {kind} R={rec['R']} H={rec['H']} K={rec['K']} rows={rec['rows']}: picks {picked[2]}, "
+            print(f"  {kind} R={rec['R']} H={rec['H']} K={rec['K']} rows={rec['rows']}: picks {picked}, "
                   f"{regret:.2f}x the fastest")
     return out
 

@@ -404,19 +404,26 @@ def test_floors_says_it_needs_a_gpu(tmp_path):
 
 # --------------------------------------------------------------------------- the core's plan
 
-def test_plan_constants_match_the_fitted_model():
-    # schedule.cuh's kPlanConstants, run through core_configs.py's mirror of plan_cost, still pick
-    # near the fastest forced configuration of the sweep they were fitted to (run 29), of one they
-    # were not (run 28), and of the kernel that skips the zero-filled k steps and has 192-wide
-    # tiles (run 37): the C++ constants, the Python model and the data agree.
+def _shipped_plan_constants():
     import re
 
     import core_configs
 
     text = open(os.path.join(ROOT, "csrc", "kernels", "sm90", "schedule.cuh")).read()
     values = re.search(r"kPlanConstants\{([^}]*)\}", text).group(1).split(",")
-    constants = dict(zip(core_configs.CONSTANTS, (float(v) for v in values)))
-    assert len(constants) == len(core_configs.CONSTANTS) == len(values)
+    assert len(values) == len(core_configs.CONSTANTS)
+    return dict(zip(core_configs.CONSTANTS, (float(v) for v in values)))
+
+
+def test_plan_constants_match_the_fitted_model():
+    # schedule.cuh's kPlanConstants, run through core_configs.py's mirror of plan_cost, still pick
+    # near the fastest forced configuration of the sweep they were fitted to (run 29), of one they
+    # were not (run 28), and of the kernel that skips the zero-filled k steps and has 192-wide
+    # tiles (run 37): the C++ constants, the Python model and the data agree.
+    import core_configs
+
+    constants = _shipped_plan_constants()
+    assert len(constants) == len(core_configs.CONSTANTS)
     for run, worst, mean, skips_fill in (("run29", 1.25, 1.01, False), ("run28", 1.10, 1.01, False),
                                          ("run37", 1.20, 1.015, True)):
         path = os.path.join(BENCH_DIR, "results", f"{run}-core-configs.jsonl")
@@ -429,6 +436,36 @@ def test_plan_constants_match_the_fitted_model():
     run37 = [json.loads(line) for line in open(os.path.join(BENCH_DIR, "results", "run37-core-configs.jsonl"))]
     flat = dict(constants, **{f"kblock_us_{n}": constants["kblock_us_256"] for n in (64, 128, 192)})
     assert max(core_configs.regrets(run37, flat, skips_fill=True, packs_tails=False)) > 1.3
+
+
+@pytest.mark.cuda
+def test_the_python_plan_model_picks_what_the_dispatch_runs():
+    # core_configs.py refits the plan's constants through its own copy of plan_cost and
+    # choose_plan's enumeration; on the sweep's layers at 100-8192 rows it must pick the
+    # configuration the C++ dispatch names (_gather_concat_linear_choice), or the fit describes
+    # another rule. (Its cluster counts are the H200's: RESIDENT.)
+    import core_configs
+    import vga_linear
+
+    if not vga_linear.kernels_loaded() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Hopper kernels")
+    constants = _shipped_plan_constants()
+    compared = 0
+    for R, H, K in core_configs.LAYERS:
+        for rows in (100, 256, 333, 512, 1024, 2048, 8192):
+            x = torch.randn(R, rows, H, dtype=torch.bfloat16, device="cuda")
+            w = torch.randn(K, R * H, dtype=torch.bfloat16, device="cuda")
+            choice = torch.ops.vga._gather_concat_linear_choice(x, w, None)
+            if not choice.startswith("sm90_gemm/"):
+                continue
+            rec = dict(R=R, H=H, K=K, rows=rows)
+            key, _ = core_configs.pick(rec, "fwd", constants, core_configs.plan_keys(rec, "fwd"))
+            expected = key[len("fwd_"):]
+            if int(expected.split("/")[1][1:]) in core_configs.TOKEN_WIDTHS:
+                expected = expected.rsplit("/", 1)[0]  # the swapped forward's names carry no split
+            assert choice == expected, (R, H, K, rows)
+            compared += 1
+    assert compared > 50
 
 
 def test_ab_compare_reads_an_alternated_device_call(tmp_path, capsys):
