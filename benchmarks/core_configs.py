@@ -33,9 +33,18 @@ CONFIGS = ["sm90_gemm"] + [f"sm90_gemm/{c}" for c in (
     "n64/s1", "n64/s2", "n64/s4", "n64/c2", "n64/c4", "n64/c8", "n240/s1", "n176/s1", "n112/s1")]
 # The forward's token widths: it runs transposed (W's rows as M, the tokens as N; no split).
 TOKEN_WIDTHS = (112, 176, 240)
-# Clusters resident at once on an H200 by size (the extension asks the driver; these are its answers
-# for 132 SMs: pairs leave some SMs of odd GPCs unpaired).
-RESIDENT = {2: 66, 4: 30, 8: 15}
+# Clusters resident at once by size, as the plan counts them (the extension asks the driver:
+# torch.ops.vga._sm90_resident_clusters; these are its answers on an H200 of 132 SMs, where pairs
+# leave some SMs of odd GPCs unpaired): the paired kernels', the in-cluster splits' by size, the
+# swapped forward's pairs. The fit uses these; another chip's cut of its GPCs may answer otherwise.
+RESIDENT = {"pairs": 66, 2: 66, 4: 30, 8: 15, "swapped_pairs": 66}
+
+
+def resident_of(text):
+    """The counts _sm90_resident_clusters reports ("pairs=66 of2=66 of4=30 of8=15 swapped_pairs=66")."""
+    fields = dict(item.split("=") for item in text.split())
+    return {"pairs": int(fields["pairs"]), 2: int(fields["of2"]), 4: int(fields["of4"]), 8: int(fields["of8"]),
+            "swapped_pairs": int(fields["swapped_pairs"])}
 
 
 def measure(args):
@@ -106,7 +115,7 @@ def kblock_us(block_n, p):
     return lo + (hi - lo) * (block_n - widths[i]) / (widths[i + 1] - widths[i])
 
 
-def plan_cost(shape, block_n, splits, per_split, in_cluster, p):
+def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDENT):
     m_tiles, n_tiles = tile_counts(shape, block_n)
     rows, columns = shape["m_outer"] * shape["m_inner"], shape["n_groups"] * shape["width"]
     reduction = reduction_elements(shape)
@@ -114,13 +123,14 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p):
     hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / p["hbm_bytes_per_us"]
     job_us = per_split * kblock_us(block_n, p) * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
-        rounds = math.ceil(m_tiles * n_tiles / RESIDENT[splits])
-        job_us += per_split * kblock_us(block_n, p) * step_fill * p["cluster_unshared"] * block_n / 256
+        rounds = math.ceil(m_tiles * n_tiles / resident[splits])
+        unshared = p["cluster_unshared"] * block_n / 256.0
+        job_us += per_split * kblock_us(block_n, p) * step_fill * unshared
         return max(rounds * (job_us + p["cluster_slice_us"] * splits), hbm_us)
     pair_rows = math.ceil(m_tiles / 2) * n_tiles
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
     jobs = (pair_columns if block_n == 64 or pair_columns < pair_rows else pair_rows) * splits
-    cost = max(math.ceil(jobs / RESIDENT[2]) * job_us, hbm_us)
+    cost = max(math.ceil(jobs / resident["pairs"]) * job_us, hbm_us)
     if splits > 1:
         cost += rows * columns * (8.0 * splits + 2) / p["split_bytes_per_us"] + p["split_launch_us"]
     return cost
@@ -189,11 +199,12 @@ def plan_keys(rec, kind):
     return keys
 
 
-def pick(rec, kind, p, keys, skips_fill=True, packs_tails=True):
+def pick(rec, kind, p, keys, skips_fill=True, packs_tails=True, resident=RESIDENT):
     """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
     this product: choose_plan's cheapest plan of each orientation, where a rival displaces the plan
     so far only when it is 3% cheaper, then the swapped one only if 3% cheaper (sm90_gemm.cuh); and
-    the keys the rule could pick at all. (None, []) if none."""
+    the keys the rule could pick at all. (None, []) if none. `resident`: the cluster counts (RESIDENT's
+    keys). The shapes are 3-D x's (one outer batch index)."""
     shapes = {False: core_shape(rec, kind, skips_fill, packs_tails),
               True: core_shape(rec, kind, skips_fill, packs_tails, token_tiles=True)}
     packs = kind == "fwd" and packs_tails and rec["H"] % 64 in (16, 32)
@@ -205,13 +216,14 @@ def pick(rec, kind, p, keys, skips_fill=True, packs_tails=True):
         if swapped and packs:
             continue  # the rule keeps shapes that pack shard tails in the first orientation
         shape = shapes[swapped]
+        counts = dict(resident, pairs=resident["swapped_pairs"]) if swapped else resident
         total = kblocks(shape)
         per_split = math.ceil(total / splits)
         used = splits if in_cluster else math.ceil(total / per_split)
         if in_cluster and (per_split * (splits - 1) >= total
-                           or math.prod(tile_counts(shape, block_n)) > RESIDENT[splits]):
+                           or math.prod(tile_counts(shape, block_n)) > counts[splits]):
             continue  # the rule gives every CTA of the cluster a slice, all clusters in one round
-        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p)
+        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts)
         candidates.append((cost, key, (swapped, -block_n, in_cluster, splits)))
     if not candidates:
         return None, []

@@ -111,7 +111,8 @@ def load_op() -> OpInfo:
 
 
 def kernel_choice(x, w, b) -> str | None:
-    """The family auto-dispatch picks for these inputs (None without the CUDA kernels)."""
+    """The family auto-dispatch picks for these inputs, with the GEMM core's configuration
+    ("sm90_gemm/n128/s2"; None without the CUDA kernels)."""
     try:
         return str(torch.ops.vga._gather_concat_linear_choice(x, w, b))
     except Exception:  # noqa: BLE001

@@ -8,9 +8,11 @@ STABLE_TORCH_LIBRARY(vga, m) {
   m.def("gather_concat_linear_grad_x(Tensor grad_out, Tensor weight, int num_shards, Tensor? x=None) -> Tensor");
   m.def("gather_concat_linear_grad_weight(Tensor grad_out, Tensor x) -> Tensor");
   // Private: run one named kernel family (tests, benchmarks; "sm90_gemm/n128/s4" forces a configuration
-  // of the GEMM core), and name the one auto-dispatch picks.
+  // of the GEMM core), name the one auto-dispatch picks (or what a forced name resolves to) with its
+  // configuration, and the cluster counts the GEMM core's plan uses.
   m.def("_gather_concat_linear_family(Tensor x, Tensor weight, Tensor? bias, str family) -> Tensor");
-  m.def("_gather_concat_linear_choice(Tensor x, Tensor weight, Tensor? bias) -> str");
+  m.def("_gather_concat_linear_choice(Tensor x, Tensor weight, Tensor? bias, str family=\"\") -> str");
+  m.def("_sm90_resident_clusters(Tensor x) -> str");
   m.def(
       "_gather_concat_linear_grad_x_family(Tensor grad_out, Tensor weight, int num_shards, str family, "
       "Tensor? x=None) -> Tensor");

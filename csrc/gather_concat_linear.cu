@@ -169,30 +169,73 @@ Tensor gather_concat_linear_cuda(Tensor x, Tensor weight, std::optional<Tensor> 
   return run_forward(x, weight, bias, nullptr);
 }
 
+// A forced family by name, with a configuration of the GEMM core after a slash ("sm90_gemm/n128/s4").
+struct FamilySpec {
+  const Family* family;
+  ForcedConfig config;
+};
+
+FamilySpec family_spec(const std::string& spec) {
+  const size_t slash = spec.find('/');
+  if (slash == std::string::npos) return {&family_named(spec), ForcedConfig{}};
+  const std::string name = spec.substr(0, slash);
+  STD_TORCH_CHECK(name == "sm90_gemm", "gather_concat_linear: only sm90_gemm takes a configuration, got '", spec,
+                  "'");
+  return {&family_named(name), parse_forced_config(spec.substr(slash + 1), spec, "gather_concat_linear")};
+}
+
 // Tests and benchmarks force one family; it must accept the input or say why not.
 Tensor gather_concat_linear_family_cuda(Tensor x, Tensor weight, std::optional<Tensor> bias,
                                         std::string family) {
-  const size_t slash = family.find('/');
-  if (slash == std::string::npos) return run_forward(x, weight, bias, &family_named(family));
-  const std::string name = family.substr(0, slash);
-  STD_TORCH_CHECK(name == "sm90_gemm", "gather_concat_linear: only sm90_gemm takes a configuration, got '", family,
-                  "'");
-  return run_forward(x, weight, bias, &family_named(name),
-                     parse_forced_config(family.substr(slash + 1), family, "gather_concat_linear"));
+  const FamilySpec spec = family_spec(family);
+  return run_forward(x, weight, bias, spec.family, spec.config);
 }
 
-// The family the dispatcher would pick for these inputs and, for one with configurations, the one
-// it would run ("sm90_gemm/n128/s2": the name _gather_concat_linear_family forces it by); "" for an
-// empty output.
-std::string gather_concat_linear_choice_cuda(Tensor x, Tensor weight, std::optional<Tensor> bias) {
+// The family the dispatcher would pick for these inputs (or, given `family`, that forced one) and,
+// for one with configurations, the configuration it would run, in the names
+// _gather_concat_linear_family forces them by ("sm90_gemm/n128/s2"); "" for an empty output.
+std::string gather_concat_linear_choice_cuda(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                             std::string family) {
   check_forward_args(x, weight, bias);
   const int64_t rows = x.size(1) * (x.dim() == 4 ? x.size(2) : 1);
   if (rows == 0 || weight.size(0) == 0) return "";
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());  // (the plan asks x's device)
-  const ForwardProblem p = describe_forward(x, weight, bias, nullptr);
-  const Family& family = choose_family(p);
-  if (family.config == nullptr) return family.name;
-  return std::string(family.name) + "/" + family.config(p);
+  ForwardProblem p = describe_forward(x, weight, bias, nullptr);
+  const Family* chosen = &choose_family(p);
+  if (!family.empty()) {
+    const FamilySpec spec = family_spec(family);
+    chosen = spec.family;
+    p.forced = spec.config;
+    const char* why = refusal_of(*chosen, p);
+    STD_TORCH_CHECK(why == nullptr, "gather_concat_linear: kernel family '", chosen->name, "' refuses this input: ",
+                    why);
+  }
+  if (chosen->config == nullptr) return chosen->name;
+  return std::string(chosen->name) + "/" + chosen->config(p);
+}
+
+// The clusters of each size the GEMM core's forward kernels fit at once on x's device, for x's
+// dtype (fp16/bf16), as the plan counts them: the paired kernels', the in-cluster splits' by
+// size, the swapped forward's pairs ("pairs=66 of2=66 of4=30 of8=15 swapped_pairs=66" on an
+// H200). benchmarks/core_configs.py's copy of the plan takes them from here.
+std::string sm90_resident_clusters_cuda(Tensor x) {
+  STD_TORCH_CHECK(x.is_cuda(), "_sm90_resident_clusters: x must be a CUDA tensor");
+  const std::optional<DType> dtype = kernel_dtype(x.scalar_type());
+  STD_TORCH_CHECK(dtype == DType::kFloat16 || dtype == DType::kBFloat16,
+                  "_sm90_resident_clusters: x must be float16 or bfloat16, got ", dtype_name(x.scalar_type()));
+  const int32_t device_index = x.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device_index);
+  STD_TORCH_CHECK(device_traits(device_index).cc_major == 9, "_sm90_resident_clusters: needs a Hopper GPU");
+  std::string out;
+  visit_half_dtype(*dtype, [&](auto element) {
+    using Element = decltype(element);
+    const sm90::ResidentClusters& r = sm90::resident_clusters<sm90::GemmKind::kForward, Element>(device_index);
+    const sm90::ResidentClusters& swapped =
+        sm90::resident_clusters<sm90::GemmKind::kForwardSwapped, Element>(device_index);
+    out = "pairs=" + std::to_string(r.pairs) + " of2=" + std::to_string(r.of2) + " of4=" + std::to_string(r.of4) +
+          " of8=" + std::to_string(r.of8) + " swapped_pairs=" + std::to_string(swapped.pairs);
+  });
+  return out;
 }
 
 }  // namespace
@@ -202,4 +245,5 @@ STABLE_TORCH_LIBRARY_IMPL(vga, CUDA, m) {
   m.impl("gather_concat_linear", TORCH_BOX(&vga::gather_concat_linear_cuda));
   m.impl("_gather_concat_linear_family", TORCH_BOX(&vga::gather_concat_linear_family_cuda));
   m.impl("_gather_concat_linear_choice", TORCH_BOX(&vga::gather_concat_linear_choice_cuda));
+  m.impl("_sm90_resident_clusters", TORCH_BOX(&vga::sm90_resident_clusters_cuda));
 }

@@ -443,13 +443,15 @@ def test_the_python_plan_model_picks_what_the_dispatch_runs():
     # core_configs.py refits the plan's constants through its own copy of plan_cost and
     # choose_plan's enumeration; on the sweep's layers at 100-8192 rows it must pick the
     # configuration the C++ dispatch names (_gather_concat_linear_choice), or the fit describes
-    # another rule. (Its cluster counts are the H200's: RESIDENT.)
+    # another rule. Both count this device's resident clusters (_sm90_resident_clusters).
     import core_configs
     import vga_linear
 
     if not vga_linear.kernels_loaded() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Hopper kernels")
     constants = _shipped_plan_constants()
+    probe = torch.empty(1, 1, 8, dtype=torch.bfloat16, device="cuda")
+    resident = core_configs.resident_of(torch.ops.vga._sm90_resident_clusters(probe))
     compared = 0
     for R, H, K in core_configs.LAYERS:
         for rows in (100, 256, 333, 512, 1024, 2048, 8192):
@@ -459,11 +461,11 @@ def test_the_python_plan_model_picks_what_the_dispatch_runs():
             if not choice.startswith("sm90_gemm/"):
                 continue
             rec = dict(R=R, H=H, K=K, rows=rows)
-            key, _ = core_configs.pick(rec, "fwd", constants, core_configs.plan_keys(rec, "fwd"))
+            key, _ = core_configs.pick(rec, "fwd", constants, core_configs.plan_keys(rec, "fwd"), resident=resident)
             expected = key[len("fwd_"):]
             if int(expected.split("/")[1][1:]) in core_configs.TOKEN_WIDTHS:
                 expected = expected.rsplit("/", 1)[0]  # the swapped forward's names carry no split
-            assert choice == expected, (R, H, K, rows)
+            assert choice == expected, (R, H, K, rows, resident)
             compared += 1
     assert compared > 50
 

@@ -130,18 +130,38 @@ def test_auto_dispatch_names_an_accepting_family():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("shape", [(32, (100,), 128, 4096), (32, (333,), 128, 4096), (3, (1024,), 256, 1000),
-                                   (16, (2048,), 80, 1280), (12, (256,), 64, 768)], ids=str)
+@pytest.mark.parametrize("shape", [
+    (32, (100,), 128, 4096), (32, (333,), 128, 4096), (3, (1024,), 256, 1000), (16, (2048,), 80, 1280),
+    (12, (256,), 64, 768), (8, (100,), 1024, 256), (40, (512,), 128, 5120), (8, (333,), 1024, 256),
+    (2, (3, 100), 64, 512)], ids=str)
 def test_auto_dispatch_names_the_core_configuration_it_runs(shape):
-    # sm90_gemm's choice names its plan ("sm90_gemm/n128/s2", "sm90_gemm/n176"); forcing that name
-    # runs the same kernels: the same bits as the dispatch's own call.
+    # sm90_gemm's choice names its plan (grid splits "n64/s10", cluster splits "n64/c8", token widths
+    # "n176", packed tails, a 4-D x); forcing that name resolves to the same plan, and runs the same
+    # kernels: the same bits as the dispatch's own call.
     R, batch, H, K = shape
     x = make_x(R, batch, H, torch.bfloat16, "cuda")
     w, b = make_params(R, H, K, torch.bfloat16, "cuda")
     choice = torch.ops.vga._gather_concat_linear_choice(x, w, b)
     family, _, config = choice.partition("/")
     assert family == "sm90_gemm" and config, choice
+    assert torch.ops.vga._gather_concat_linear_choice(x, w, b, choice) == choice
     assert torch.equal(run_op(x, w, b, choice), run_op(x, w, b)), choice
+
+
+@pytest.mark.cuda
+def test_choice_of_a_forced_configuration_resolves_it():
+    # A forced split count is what its slice length gives (choose_plan): 13 k-blocks in 5 slices of 3
+    # are 5; in 6 of 3, also 5 slices (ceil(13 / 3)).
+    x = make_x(13, (512,), 64, torch.bfloat16, "cuda")
+    w, b = make_params(13, 64, 256, torch.bfloat16, "cuda")
+    choice = torch.ops.vga._gather_concat_linear_choice
+    assert choice(x, w, b, "sm90_gemm/n128/s5") == "sm90_gemm/n128/s5"
+    assert choice(x, w, b, "sm90_gemm/n128/s6") == "sm90_gemm/n128/s5"
+    assert choice(x, w, b, "sm90_gemm/n64/c4") == "sm90_gemm/n64/c4"
+    assert choice(x, w, b, "sm90_gemm/n176") == "sm90_gemm/n176"
+    assert choice(x, w, b, "generic") == "generic"
+    with pytest.raises(RuntimeError, match="refuses this input"):
+        choice(make_x(2, (3,), 8, torch.float64, "cuda"), *make_params(2, 8, 4, torch.float64, "cuda"), "sm90_gemm")
 
 
 @pytest.mark.cuda
