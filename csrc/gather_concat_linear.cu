@@ -201,8 +201,10 @@ std::string gather_concat_linear_choice_cuda(Tensor x, Tensor weight, std::optio
   if (rows == 0 || weight.size(0) == 0) return "";
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());  // (the plan asks x's device)
   ForwardProblem p = describe_forward(x, weight, bias, nullptr);
-  const Family* chosen = &choose_family(p);
-  if (!family.empty()) {
+  const Family* chosen = nullptr;
+  if (family.empty()) {
+    chosen = &choose_family(p);
+  } else {
     const FamilySpec spec = family_spec(family);
     chosen = spec.family;
     p.forced = spec.config;

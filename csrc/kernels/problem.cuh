@@ -87,10 +87,6 @@ struct GradXLayout {
   int64_t rows_inner;    // rows of one outer batch index (all rows when the batch dims merge)
   int64_t inner_stride;  // elements between those rows
   int64_t outer_stride;  // elements between outer batch indices
-  bool is_concat(int64_t num_shards) const {
-    return shard_stride == shard_width && inner_stride == num_shards * shard_width &&
-           (outer_stride == rows_inner * inner_stride || outer_stride == 0);
-  }
 #if defined(__CUDACC__)
   __host__ __device__
 #endif

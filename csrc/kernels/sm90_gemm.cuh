@@ -152,13 +152,12 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
                                                    p.workspace, p.device_index, stream);
       return;
     }
-    CoreArgs forward_args = args;
-    forward_args.tail_shards = static_cast<int>(tail > 0 ? kBlockK / tail : 0);
-    forward_args.tail_h = static_cast<int>(p.shard_width - tail);
+    args.tail_shards = static_cast<int>(tail > 0 ? kBlockK / tail : 0);
+    args.tail_h = static_cast<int>(p.shard_width - tail);
     const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
     auto w_map_for = [&](int block_n) { return w_tensor_map(p, kBlockK, block_n / kClusterM); };
     auto tail_maps_for = [&](int block_n) { return packed_tail_maps(p, rows, tail, 64, block_n / kClusterM); };
-    run_core<GemmKind::kForward, Element>(shape, chosen.plan, forward_args, x_map, w_map_for, p.workspace,
+    run_core<GemmKind::kForward, Element>(shape, chosen.plan, args, x_map, w_map_for, p.workspace,
                                           p.device_index, stream, tail_maps_for);
   });
 }

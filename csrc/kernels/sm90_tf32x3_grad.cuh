@@ -84,7 +84,8 @@ inline void sm90_tf32x3_grad_input(const GradInputProblem& p, cudaStream_t strea
                           p.columns(), 0, p.columns()};
   launch_transpose(w, weight_t, p.out_features, stream);
   GradInputProblem concat = p;
-  const bool scatter = !p.layout.is_concat(p.num_shards);
+  const sm90::OutputScatter layout = sm90::make_output_scatter(p.layout);
+  const bool scatter = !sm90::scatters_row_major(layout, p.rows, p.columns());
   if (scatter) concat.grad_x = p.workspace.get(p.rows * p.columns() * int64_t(sizeof(float)));
   sm90_tf32x3_forward(tf32x3_grad_detail::grad_input_as_forward(concat, weight_t), stream);
   if (scatter) {
@@ -92,7 +93,7 @@ inline void sm90_tf32x3_grad_input(const GradInputProblem& p, cudaStream_t strea
     const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(total, 256), 132 * 16));
     sm90::reduce_partials_kernel<float><<<blocks, 256, 0, stream>>>(
         static_cast<const float*>(concat.grad_x), 0, 1, static_cast<float*>(p.grad_x), total, p.columns(), nullptr, 0,
-        0, sm90::make_output_scatter(p.layout));
+        0, layout);
   }
 }
 

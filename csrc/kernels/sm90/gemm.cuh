@@ -737,7 +737,8 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
     reduce_partials_kernel<Element><<<blocks, 256, 0, stream>>>(
         args.partials, args.partial_stride, plan.splits, static_cast<Element*>(args.out), total, args.out_ld,
         static_cast<const Element*>(args.bias), args.bias_stride, vector,
-        kKind == GemmKind::kGradInput ? args.scatter : OutputScatter{});
+        kKind == GemmKind::kGradInput && !scatters_row_major(args.scatter, rows, args.out_ld) ? args.scatter
+                                                                                              : OutputScatter{});
   }
 }
 

@@ -73,6 +73,13 @@ inline OutputScatter make_output_scatter(const GradXLayout& l) {
                        make_fast_divisor(static_cast<int>(l.shard_width)), l.shard_stride};
 }
 
+// Whether the scatter puts element (m, n) of a (rows, ld) product at m * ld + n (grad_x in the
+// concat's layout, not x's): then a plain row-major store does the same.
+inline bool scatters_row_major(const OutputScatter& s, int64_t rows, int64_t ld) {
+  return s.shard_stride == s.shard_width.divisor && s.inner_stride == ld &&
+         (s.rows_inner.divisor >= rows || s.outer_stride == s.rows_inner.divisor * ld);
+}
+
 #if defined(__CUDACC__)
 __device__ __forceinline__ int64_t scatter_row_offset(int m, const OutputScatter& s) {
   const int outer = fast_divide(m, s.rows_inner);
