@@ -17,7 +17,8 @@
 //     (the kTailShards instantiations), as the GEMM core does.
 //   * A stage is W's 128 x 64 block (16 KB) plus x's N x 64 block, 128-byte swizzled (a packed
 //     tail k-block: a block a shard, 32- or 64-byte swizzled), both K-major: wgmma m64nNk16
-//     with A = W, B = x straight from shared memory. As many stages as fit in 113 KB (4-6),
+//     with A = W, B = x straight from shared memory (the core's k-block chain, sm90/gemm.cuh's
+//     mma_kblock, with both operands K-major as in its forward). As many stages as fit in 113 KB (4-6),
 //     so two CTAs can share an SM and 64-96 KB of W is in flight per CTA.
 //   * Warp 8 is the producer (one thread issues TMA); warps 0-7 consume and release each stage
 //     through a full/empty mbarrier ring.
@@ -69,22 +70,6 @@ struct StreamArgs {
   int tail_kblock_begin;  // the first k-block of packed shard tails (num_kblocks when none)
   int tail_h;             // a shard's first tail column (H - H % 64)
 };
-
-// One k-block's four k steps as one committed wgmma group (k step kk at (kk & 1) * odd + (kk >> 1)
-// * pair past each descriptor: even for whole k-blocks, per-shard blocks for packed tails).
-#ifdef VGA_SM90A_DEVICE
-template <int kN, typename Element>
-__device__ __forceinline__ void mma_kblock(float (&acc)[kN / 2], uint64_t desc_w, sm90::KSteps w_steps,
-                                           uint64_t desc_x, sm90::KSteps x_steps) {
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kBlockK / 16; ++kk) {
-    sm90::WgmmaM64<kN, Element>::run(acc, desc_w + (kk & 1) * w_steps.odd + (kk >> 1) * w_steps.pair,
-                                     desc_x + (kk & 1) * x_steps.odd + (kk >> 1) * x_steps.pair);
-  }
-  sm90::wgmma_commit_group();
-}
-#endif
 
 // kTailShards 2 or 4: the shards' last H % 64 = 32 or 16 columns are packed that many shards to a
 // k-block after the shards' whole k-blocks, as in the GEMM core (sm90/gemm.cuh): W's tail is one
@@ -177,16 +162,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (kTailShards > 0 && first_kblock + i >= args.tail_kblock_begin) {  // a k-block of packed shard tails
         constexpr int kShards = kTailShards > 0 ? kTailShards : 1;
         constexpr int kRowBytes = 128 / kShards;
-        mma_kblock<kN, Element>(
+        mma_kblock<4, GemmKind::kForward, Element, kN>(
             acc, k_major_swizzled_descriptor(w_tiles + stage * kWTileBytes + consumer * 64 * kRowBytes, kRowBytes),
             shard_tail_k_steps<kBlockRows, kShards>(),
-            k_major_swizzled_descriptor(x_tiles + stage * Cfg::kXTileBytes, kRowBytes), shard_tail_k_steps<kN, kShards>());
+            k_major_swizzled_descriptor(x_tiles + stage * Cfg::kXTileBytes, kRowBytes), shard_tail_k_steps<kN, kShards>(),
+            /*first=*/false);
       } else {
-        // +32 bytes per 16-element k step inside the swizzled row, in 16-byte units.
-        constexpr KSteps kEven{2, 4};
-        mma_kblock<kN, Element>(
-            acc, k_major_swizzle128_descriptor(w_tiles + stage * kWTileBytes + consumer * (kWTileBytes / 2)), kEven,
-            k_major_swizzle128_descriptor(x_tiles + stage * Cfg::kXTileBytes), kEven);
+        mma_kblock<4, GemmKind::kForward, Element, kN>(
+            acc, k_major_swizzle128_descriptor(w_tiles + stage * kWTileBytes + consumer * (kWTileBytes / 2)),
+            even_k_steps<0>(), k_major_swizzle128_descriptor(x_tiles + stage * Cfg::kXTileBytes), even_k_steps<0>(),
+            /*first=*/false);
       }
       wgmma_wait_group<1>();
       if (i > 0 && warp_leader) mbarrier_arrive(&empty[previous_stage]);

@@ -285,8 +285,8 @@ __device__ __forceinline__ void wgmma_wait_group() {
 #define VGA_ACCS_128 VGA_ACCS_120, VGA_ACC8(120)
 
 // acc[64 x N] (fp32, the wgmma fragment layout) = A[64 x 16] * B[N x 16]^T (+ acc when
-// `accumulate` != 0), N = 64, 128, 192 or 256, or the forward's token widths 112, 176 and 240
-// (N / 2 floats a thread), both operands in shared memory:
+// `accumulate` != 0), N = 64, 128, 192 or 256, or the forward's token widths 112, 176 and 240, or
+// sm90_skinny's batch rows 16 and 32 (N / 2 floats a thread), both operands in shared memory:
 // kTransA / kTransB = 0 for a K-major operand, 1 for an MN-major one (16-bit types only).
 // Element is __nv_bfloat16 or __half.
 template <int kN, typename Element, int kTransA, int kTransB>
@@ -310,6 +310,8 @@ struct Wgmma;
 #define VGA_WGMMA_WIDE(N, REGS, DESCS, PRED, TRANS, ...)                                 \
   VGA_WGMMA_WIDE_TYPE(N, "bf16", __nv_bfloat16, REGS, DESCS, PRED, TRANS, __VA_ARGS__) \
   VGA_WGMMA_WIDE_TYPE(N, "f16", __half, REGS, DESCS, PRED, TRANS, __VA_ARGS__)
+VGA_WGMMA_WIDE(16, VGA_REGS_8, "%8, %9", "%10", "%11, %12", VGA_ACCS_8)
+VGA_WGMMA_WIDE(32, VGA_REGS_16, "%16, %17", "%18", "%19, %20", VGA_ACCS_16)
 VGA_WGMMA_WIDE(64, VGA_REGS_32, "%32, %33", "%34", "%35, %36", VGA_ACCS_32)
 VGA_WGMMA_WIDE(112, VGA_REGS_56, "%56, %57", "%58", "%59, %60", VGA_ACCS_56)
 VGA_WGMMA_WIDE(128, VGA_REGS_64, "%64, %65", "%66", "%67, %68", VGA_ACCS_64)
@@ -319,30 +321,6 @@ VGA_WGMMA_WIDE(240, VGA_REGS_120, "%120, %121", "%122", "%123, %124", VGA_ACCS_1
 VGA_WGMMA_WIDE(256, VGA_REGS_128, "%128, %129", "%130", "%131, %132", VGA_ACCS_128)
 #undef VGA_WGMMA_WIDE
 #undef VGA_WGMMA_WIDE_TYPE
-
-// acc[64 x N] = A[64 x 16] * B[N x 16]^T (+ acc), N = 16, 32 or 64 (N / 2 fp32 a thread),
-// both operands K-major in shared memory: the narrow-N wgmma of the skinny streaming kernel,
-// whose N is the batch rows. Every call accumulates (the caller zeroes acc first).
-template <int kN, typename Element>
-struct WgmmaM64;
-
-#define VGA_WGMMA_NARROW(N, TYPE, ELEMENT, REGS, DESCS, ...)                                     \
-  template <>                                                                                    \
-  struct WgmmaM64<N, ELEMENT> {                                                                  \
-    __device__ __forceinline__ static void run(float (&acc)[N / 2], uint64_t desc_a, uint64_t desc_b) { \
-      asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"                  \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS "}, " DESCS \
-                   ", accumulate, 1, 1, 0, 0;\n}\n"                                             \
-                   : __VA_ARGS__                                                                 \
-                   : "l"(desc_a), "l"(desc_b));                                                  \
-    }                                                                                            \
-  };
-VGA_WGMMA_NARROW(16, "bf16", __nv_bfloat16, VGA_REGS_8, "%8, %9", VGA_ACCS_8)
-VGA_WGMMA_NARROW(16, "f16", __half, VGA_REGS_8, "%8, %9", VGA_ACCS_8)
-VGA_WGMMA_NARROW(32, "bf16", __nv_bfloat16, VGA_REGS_16, "%16, %17", VGA_ACCS_16)
-VGA_WGMMA_NARROW(32, "f16", __half, VGA_REGS_16, "%16, %17", VGA_ACCS_16)
-VGA_WGMMA_NARROW(64, "bf16", __nv_bfloat16, VGA_REGS_32, "%32, %33", VGA_ACCS_32)
-VGA_WGMMA_NARROW(64, "f16", __half, VGA_REGS_32, "%32, %33", VGA_ACCS_32)
 
 // acc[64 x 64] = A[64 x 8] * B[64 x 8]^T (+ acc when `accumulate` != 0) on TF32 operands, A in
 // registers, B K-major in shared memory (TF32 has no transposed form; a k8 step of fp32 is 32
@@ -358,7 +336,6 @@ __device__ __forceinline__ void wgmma_tf32_m64n64k8_register_a(float (&acc)[32],
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
-#undef VGA_WGMMA_NARROW
 #undef VGA_ACC8
 #undef VGA_REGS_8
 #undef VGA_ACCS_8
