@@ -3,6 +3,9 @@
 
     python tools/cpu_overhead.py      # the issue's bar: op <= 1.1x the reference
 
+Then, without a bar, one training step of each (forward and .sum().backward(), every input
+requiring a gradient): what autograd and the backward ops add on the host.
+
 Interleaved batches of calls; each column is the fastest batch's time per call (a shared,
 busy host only ever adds time, so the minimum is the steadiest estimate of the cost), with
 the median batch's ratio beside it.
@@ -66,6 +69,18 @@ def main():
               f"   (median batch: op/ref {med['op'] / med['ref']:.3f}, fn/ref {med['fn'] / med['ref']:.3f})")
     print(f"worst fn/ref {worst:.3f} ({'within' if worst <= 1.1 else 'OVER'} the 1.1x bar; fn = "
           "vga_linear.gather_concat_linear, what benchmarks/bench.py times; op = torch.ops.vga...)")
+    print(f"\nfwd+bwd (no bar)\n{'shape':10} {'reference us':>12} {'fn us':>8} {'fn/ref':>7}")
+    for name, R, batch, H, K, dtype, strided in SHAPES:
+        x, w, b = (t.requires_grad_() for t in inputs(R, batch, H, K, dtype, strided))
+        steps = {"ref": lambda: reference(x, w, b).sum().backward(),
+                 "fn": lambda: vga_linear.gather_concat_linear(x, w, b).sum().backward()}
+        n = max(20, int(2e-3 / max(per_call_us(steps["ref"], 20) * 1e-6, 1e-7)))
+        samples = {k: [] for k in steps}
+        for _ in range(20):
+            for k, fn in steps.items():
+                samples[k].append(per_call_us(fn, n))
+        best = {k: min(v) for k, v in samples.items()}
+        print(f"{name:10} {best['ref']:12.2f} {best['fn']:8.2f} {best['fn'] / best['ref']:7.3f}")
     return 0 if worst <= 1.1 else 1
 
 
