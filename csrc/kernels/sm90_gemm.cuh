@@ -86,6 +86,20 @@ inline sm90::CoreShape sm90_gemm_shape(const ForwardProblem& p, const sm90::RowV
   return shape;
 }
 
+// The forward's x view and its product in both orientations.
+struct Sm90GemmShapes {
+  sm90::RowView rows;
+  int64_t tail;            // sm90_gemm_packed_tail
+  sm90::CoreShape shape;   // rows x K (sm90_gemm_shape)
+  sm90::CoreShape swapped; // K x rows in token tiles (sm90_gemm_token_tile_shape)
+};
+
+inline Sm90GemmShapes sm90_gemm_shapes(const ForwardProblem& p) {
+  const sm90::RowView rows = sm90::row_view(p);
+  const int64_t tail = sm90_gemm_packed_tail(p);
+  return {rows, tail, sm90_gemm_shape(p, rows, tail), sm90_gemm_token_tile_shape(p, rows)};
+}
+
 // What sm90_gemm_forward runs: the orientation and the core's plan for it. The rule: the cheaper
 // orientation by 3%, as between plans, unless a width or a split is forced (a token width forces
 // the swapped one) or the shape packs shard tails (the first one only).
@@ -95,21 +109,20 @@ struct Sm90GemmPlan {
 };
 
 template <typename Element>
-Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const sm90::CoreShape& shape, const sm90::CoreShape& swapped,
-                            int64_t tail) {
+Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
   using namespace sm90;
   const bool forced_other = p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0;
-  const bool choose_orientation = !forced_other && tail == 0;
+  const bool choose_orientation = !forced_other && s.tail == 0;
   bool use_swapped = is_token_width(p.forced.block_n);
   CorePlan plan{}, plan_swapped{};
-  if (choose_orientation || !use_swapped) plan = core_plan<GemmKind::kForward, Element>(shape, p.forced, p.device_index);
+  if (choose_orientation || !use_swapped) plan = core_plan<GemmKind::kForward, Element>(s.shape, p.forced, p.device_index);
   if (choose_orientation || use_swapped) {
-    plan_swapped = core_plan<GemmKind::kForwardSwapped, Element>(swapped, p.forced, p.device_index);
+    plan_swapped = core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index);
   }
   if (choose_orientation) {
     const ResidentClusters& resident = resident_clusters<GemmKind::kForward, Element>(p.device_index);
     const ResidentClusters& resident_swapped = resident_clusters<GemmKind::kForwardSwapped, Element>(p.device_index);
-    use_swapped = plan_cost(swapped, plan_swapped, resident_swapped) < 0.97 * plan_cost(shape, plan, resident);
+    use_swapped = plan_cost(s.swapped, plan_swapped, resident_swapped) < 0.97 * plan_cost(s.shape, plan, resident);
   }
   return {use_swapped, use_swapped ? plan_swapped : plan};
 }
@@ -118,13 +131,9 @@ Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const sm90::CoreShape& shap
 // ("n128/s2": 128-wide tiles, the reduction split in 2 across the grid; "n64/c4": in clusters of
 // 4; "n176": the swapped forward's token width), so that forcing it runs the same plan.
 inline std::string sm90_gemm_config(const ForwardProblem& p) {
-  const sm90::RowView rows = sm90::row_view(p);
-  const int64_t tail = sm90_gemm_packed_tail(p);
+  const Sm90GemmShapes shapes = sm90_gemm_shapes(p);
   Sm90GemmPlan chosen{};
-  visit_half_dtype(p.dtype, [&](auto element) {
-    chosen = sm90_gemm_plan<decltype(element)>(p, sm90_gemm_shape(p, rows, tail), sm90_gemm_token_tile_shape(p, rows),
-                                               tail);
-  });
+  visit_half_dtype(p.dtype, [&](auto element) { chosen = sm90_gemm_plan<decltype(element)>(p, shapes); });
   std::string name = "n" + std::to_string(chosen.plan.block_n);
   if (!chosen.swapped) name += (chosen.plan.in_cluster ? "/c" : "/s") + std::to_string(chosen.plan.splits);
   return name;
@@ -132,10 +141,9 @@ inline std::string sm90_gemm_config(const ForwardProblem& p) {
 
 inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   using namespace sm90;
-  const RowView rows = row_view(p);
-  const int64_t tail = sm90_gemm_packed_tail(p);
-  const CoreShape shape = sm90_gemm_shape(p, rows, tail);
-  const CoreShape swapped = sm90_gemm_token_tile_shape(p, rows);
+  const Sm90GemmShapes shapes = sm90_gemm_shapes(p);
+  const RowView& rows = shapes.rows;
+  const int64_t tail = shapes.tail;
   CoreArgs args{};
   args.out = p.out;
   args.out_ld = p.out_features;
@@ -144,11 +152,11 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   args.x_4d = rows.four_d ? 1 : 0;
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
-    const Sm90GemmPlan chosen = sm90_gemm_plan<Element>(p, shape, swapped, tail);
+    const Sm90GemmPlan chosen = sm90_gemm_plan<Element>(p, shapes);
     if (chosen.swapped) {  // A is W (two 64-row boxes a tile), B the tokens (half a token tile a box)
       const CUtensorMap w_rows_map = w_tensor_map(p, kBlockK, 64);
       auto tokens_map_for = [&](int block_n) { return x_tensor_map(p, rows, kBlockK, block_n / kClusterM); };
-      run_core<GemmKind::kForwardSwapped, Element>(swapped, chosen.plan, args, w_rows_map, tokens_map_for,
+      run_core<GemmKind::kForwardSwapped, Element>(shapes.swapped, chosen.plan, args, w_rows_map, tokens_map_for,
                                                    p.workspace, p.device_index, stream);
       return;
     }
@@ -157,7 +165,7 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
     const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
     auto w_map_for = [&](int block_n) { return w_tensor_map(p, kBlockK, block_n / kClusterM); };
     auto tail_maps_for = [&](int block_n) { return packed_tail_maps(p, rows, tail, 64, block_n / kClusterM); };
-    run_core<GemmKind::kForward, Element>(shape, chosen.plan, args, x_map, w_map_for, p.workspace,
+    run_core<GemmKind::kForward, Element>(shapes.shape, chosen.plan, args, x_map, w_map_for, p.workspace,
                                           p.device_index, stream, tail_maps_for);
   });
 }
