@@ -199,6 +199,13 @@ def plan_keys(rec, kind):
     return keys
 
 
+def dispatch_name(key):
+    """A plan key ("fwd_sm90_gemm/n128/s2") as _gather_concat_linear_choice names the configuration
+    ("sm90_gemm/n128/s2"; the swapped forward's token widths carry no split: "sm90_gemm/n176")."""
+    name = key.split("_", 1)[1]
+    return name.rsplit("/", 1)[0] if int(name.split("/")[1][1:]) in TOKEN_WIDTHS else name
+
+
 def pick(rec, kind, p, keys, skips_fill=True, packs_tails=True, resident=RESIDENT):
     """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
     this product: choose_plan's cheapest plan of each orientation, where a rival displaces the plan

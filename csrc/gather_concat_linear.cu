@@ -138,6 +138,15 @@ const Family& family_named(const std::string& name) {
   STD_TORCH_CHECK(false, "gather_concat_linear: unknown kernel family '", name, "'; known: ", known);
 }
 
+// The family that runs p: the forced one, which must accept p (or the call says why not), or the
+// dispatch rule's.
+const Family& resolve_family(const ForwardProblem& p, const Family* forced) {
+  if (forced == nullptr) return choose_family(p);
+  const char* why = refusal_of(*forced, p);
+  STD_TORCH_CHECK(why == nullptr, "gather_concat_linear: kernel family '", forced->name, "' refuses this input: ", why);
+  return *forced;
+}
+
 Tensor run_forward(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
                    const Family* forced, ForcedConfig forced_config = {}) {
   check_forward_args(x, weight, bias);
@@ -154,12 +163,7 @@ Tensor run_forward(const Tensor& x, const Tensor& weight, const std::optional<Te
   LaunchWorkspace workspace(device_index);
   p.workspace = workspace.request();
   p.forced = forced_config;
-  const Family& family = forced != nullptr ? *forced : choose_family(p);
-  if (forced != nullptr) {
-    const char* why = refusal_of(family, p);
-    STD_TORCH_CHECK(why == nullptr, "gather_concat_linear: kernel family '", family.name,
-                    "' refuses this input: ", why);
-  }
+  const Family& family = resolve_family(p, forced);
   family.forward(p, current_stream(device_index));
   check_launch(family.name);
   return out;
@@ -201,19 +205,15 @@ std::string gather_concat_linear_choice_cuda(Tensor x, Tensor weight, std::optio
   if (rows == 0 || weight.size(0) == 0) return "";
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());  // (the plan asks x's device)
   ForwardProblem p = describe_forward(x, weight, bias, nullptr);
-  const Family* chosen = nullptr;
-  if (family.empty()) {
-    chosen = &choose_family(p);
-  } else {
+  const Family* forced = nullptr;
+  if (!family.empty()) {
     const FamilySpec spec = family_spec(family);
-    chosen = spec.family;
+    forced = spec.family;
     p.forced = spec.config;
-    const char* why = refusal_of(*chosen, p);
-    STD_TORCH_CHECK(why == nullptr, "gather_concat_linear: kernel family '", chosen->name, "' refuses this input: ",
-                    why);
   }
-  if (chosen->config == nullptr) return chosen->name;
-  return std::string(chosen->name) + "/" + chosen->config(p);
+  const Family& chosen = resolve_family(p, forced);
+  if (chosen.config == nullptr) return chosen.name;
+  return std::string(chosen.name) + "/" + chosen.config(p);
 }
 
 // The clusters of each size the GEMM core's forward kernels fit at once on x's device, for x's

@@ -45,6 +45,18 @@ def per_call_us(fn, n):
     return (time.perf_counter() - t) / n * 1e6
 
 
+def batch_times(calls, batches):
+    """{name: [us a call, one per batch]}: batches of ~2 ms a call kind (sized on the first
+    kind), interleaved so that drift hits all kinds alike."""
+    first = next(iter(calls.values()))
+    n = max(20, int(2e-3 / max(per_call_us(first, 20) * 1e-6, 1e-7)))
+    samples = {k: [] for k in calls}
+    for _ in range(batches):
+        for k, fn in calls.items():
+            samples[k].append(per_call_us(fn, n))
+    return samples
+
+
 def main():
     torch.set_num_threads(1)  # steadier; both sides equal
     worst = 0.0
@@ -56,11 +68,7 @@ def main():
         calls = {"ref": lambda: reference(x, w, b),
                  "op": lambda: torch.ops.vga.gather_concat_linear(x, w, b),
                  "fn": lambda: vga_linear.gather_concat_linear(x, w, b)}
-        n = max(20, int(2e-3 / max(per_call_us(calls["ref"], 50) * 1e-6, 1e-7)))
-        samples = {k: [] for k in calls}
-        for _ in range(40):  # interleaved, so drift hits all three alike
-            for k, fn in calls.items():
-                samples[k].append(per_call_us(fn, n))
+        samples = batch_times(calls, 40)
         best = {k: min(v) for k, v in samples.items()}
         med = {k: statistics.median(v) for k, v in samples.items()}
         worst = max(worst, best["fn"] / best["ref"])
@@ -72,14 +80,13 @@ def main():
     print(f"\nfwd+bwd (no bar)\n{'shape':10} {'reference us':>12} {'fn us':>8} {'fn/ref':>7}")
     for name, R, batch, H, K, dtype, strided in SHAPES:
         x, w, b = (t.requires_grad_() for t in inputs(R, batch, H, K, dtype, strided))
-        steps = {"ref": lambda: reference(x, w, b).sum().backward(),
-                 "fn": lambda: vga_linear.gather_concat_linear(x, w, b).sum().backward()}
-        n = max(20, int(2e-3 / max(per_call_us(steps["ref"], 20) * 1e-6, 1e-7)))
-        samples = {k: [] for k in steps}
-        for _ in range(20):
-            for k, fn in steps.items():
-                samples[k].append(per_call_us(fn, n))
-        best = {k: min(v) for k, v in samples.items()}
+
+        def step(forward):
+            x.grad = w.grad = b.grad = None  # as after zero_grad(set_to_none=True): fresh gradients
+            forward(x, w, b).sum().backward()
+
+        best = {k: min(v) for k, v in batch_times({"ref": lambda: step(reference),
+                                                   "fn": lambda: step(vga_linear.gather_concat_linear)}, 20).items()}
         print(f"{name:10} {best['ref']:12.2f} {best['fn']:8.2f} {best['fn'] / best['ref']:7.3f}")
     return 0 if worst <= 1.1 else 1
 
