@@ -2,7 +2,7 @@
 """Per-call time of the op's products timed back to back in a CUDA graph, against cuBLAS.
 
     python benchmarks/graph_calls.py --layers '16,80,1280;32,96,3072' --rows 100,256,1024,8192 \
-        [--kinds fwd,gx,gw] [--config sm90_gemm/n128] [--cublas] [--dtype bf16] [--json out.json]
+        [--kinds fwd,gx,gw] [--config sm90_gemm/n128] [--cublas] [--producer] [--dtype bf16] [--json out.json]
 
 Each (layer R,H,K) x rows point builds fresh random inputs and times `--calls` calls captured in
 one graph (no host gaps, no L2 flush; harness.back_to_back_us): the forward, grad_x and
@@ -12,6 +12,12 @@ pre-concatenated input (F.linear, grad_y @ W, grad_y^T @ cat(x)). This is how be
 compares two builds of the kernels: run it once per build, alternating the builds in one device
 call, and read the differences against the spread between the two runs of each build. The
 flushed, eager figures of bench.py (--suite sweep) stay the performance claims. Needs a GPU.
+
+--producer puts an elementwise kernel that rewrites the product's input in place (x * 1 for the
+forward, grad_y * 1 for grad_x and grad_weight) before each call, as a model's previous layer
+produces it: back to back, one call of the op follows another of its own kernels, which a
+programmatic launch (csrc/kernels/launch.cuh) overlaps more than it overlaps a kernel of torch's.
+The time printed is then the pair's.
 """
 
 import argparse
@@ -27,16 +33,29 @@ import metrics as M
 DTYPES = ("bf16", "fp16")
 
 
-def products(R, H_, K, rows, dtype, config, cublas):
-    """name -> zero-argument callable for the requested implementation of each product."""
+def products(R, H_, K, rows, dtype, config, cublas, producer=False):
+    """name -> zero-argument callable for the requested implementation of each product (with
+    `producer`, preceded by the in-place rewrite of its input)."""
     inp = H.make_inputs(M.Shape("graph_calls", R, (rows,), H_, K, dtype), "cuda", seed=0, requires_grad=True)
     x, w, b, xc, g = (inp[k].detach() for k in ("x", "w", "b", "a", "gy"))
     if cublas:
-        return {"fwd": lambda: F.linear(xc, w, b), "gx": lambda: g @ w, "gw": lambda: g.t() @ xc}
-    ops = torch.ops.vga
-    return {"fwd": lambda: ops._gather_concat_linear_family(x, w, b, config),
-            "gx": lambda: ops._gather_concat_linear_grad_x_family(g, w, R, config),
-            "gw": lambda: ops._gather_concat_linear_grad_weight_family(g, x, config)}
+        calls = {"fwd": lambda: F.linear(xc, w, b), "gx": lambda: g @ w, "gw": lambda: g.t() @ xc}
+        inputs = {"fwd": xc, "gx": g, "gw": g}
+    else:
+        ops = torch.ops.vga
+        calls = {"fwd": lambda: ops._gather_concat_linear_family(x, w, b, config),
+                 "gx": lambda: ops._gather_concat_linear_grad_x_family(g, w, R, config),
+                 "gw": lambda: ops._gather_concat_linear_grad_weight_family(g, x, config)}
+        inputs = {"fwd": x, "gx": g, "gw": g}
+    if not producer:
+        return calls
+
+    def after_producer(kind):
+        def call():
+            inputs[kind].mul_(1.0)
+            return calls[kind]()
+        return call
+    return {kind: after_producer(kind) for kind in calls}
 
 
 def main() -> int:
@@ -50,6 +69,8 @@ def main() -> int:
     parser.add_argument("--config", default="sm90_gemm", help="forced family / core configuration")
     parser.add_argument("--cublas", action="store_true", help="time cuBLAS on a pre-concatenated input instead")
     parser.add_argument("--dtype", default="bf16", choices=DTYPES)
+    parser.add_argument("--producer", action="store_true",
+                        help="an elementwise kernel rewrites the input before each call (the time is the pair's)")
     parser.add_argument("--calls", type=int, default=20, help="calls captured in the graph")
     parser.add_argument("--json", help="write the points here")
     args = parser.parse_args()
@@ -69,10 +90,11 @@ def main() -> int:
         for kind in args.kinds:
             times = []
             for rows in args.rows:
-                fn = products(R, H_, K, rows, args.dtype, args.config, args.cublas)[kind]
+                fn = products(R, H_, K, rows, args.dtype, args.config, args.cublas, args.producer)[kind]
                 us = H.back_to_back_us(fn, calls=args.calls)
                 times.append(us)
-                points.append(dict(R=R, H=H_, K=K, rows=rows, kind=kind, dtype=args.dtype, impl=label, us=us))
+                points.append(dict(R=R, H=H_, K=K, rows=rows, kind=kind, dtype=args.dtype, impl=label,
+                                   producer=args.producer, us=us))
             print(f"{label} {kind} R={R} H={H_} K={K}: " + " ".join(f"{t:8.2f}" for t in times), flush=True)
     if args.json:
         with open(args.json, "w") as f:

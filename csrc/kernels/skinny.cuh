@@ -44,6 +44,7 @@
 #include <cstdint>
 
 #include "element_types.cuh"
+#include "launch.cuh"
 #include "problem.cuh"
 #include "shared_memory_opt_in.cuh"
 #include "sm90/ptx.cuh"
@@ -702,13 +703,6 @@ inline SkinnyParams make_params(const ForwardProblem& p, int slice_len) {
   return s;
 }
 
-inline void set_cluster_attribute(cudaLaunchAttribute* attribute, int slices) {
-  attribute->id = cudaLaunchAttributeClusterDimension;
-  attribute->val.clusterDim.x = slices;
-  attribute->val.clusterDim.y = 1;
-  attribute->val.clusterDim.z = 1;
-}
-
 // CTAs of kKernel resident at once as clusters of `slices` (cudaOccupancyMaxActiveClusters,
 // asked once per kernel, device and cluster size). slices == 1: no limit that matters (extra
 // CTAs form later waves, counted by the caller's own arithmetic only through waves = 1).
@@ -722,15 +716,8 @@ inline int64_t resident_cluster_ctas(int smem, int slices, const char* family) {
   int clusters = (device >= 0 && device < 64) ? cache[device][slot] : 0;
   if (clusters == 0) {
     opt_in_shared_memory<kKernel>(smem, family);
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(slices, 1, 1);
-    config.blockDim = dim3(kThreadCount, 1, 1);
-    config.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attribute[1];
-    set_cluster_attribute(attribute, slices);
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess ||
+    KernelLaunch launch(dim3(slices, 1, 1), kThreadCount, smem, nullptr, slices, false);
+    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &launch.config) != cudaSuccess ||
         clusters <= 0) {
       cudaGetLastError();  // the query's failure is not the caller's error
       clusters = -1;
@@ -742,25 +729,13 @@ inline int64_t resident_cluster_ctas(int smem, int slices, const char* family) {
 }
 
 // Launch grid (slices, row_tiles) of kThreadCount-thread CTAs, as clusters of `slices` CTAs
-// along grid x when slices > 1 (sm90_skinny launches through this too).
+// along grid x when slices > 1 (sm90_skinny launches through this too, programmatic: launch.cuh).
 template <auto kKernel, int kThreadCount = kThreads, typename... Args>
 inline void launch_skinny(const char* family, int smem, const LaunchPlan& plan, cudaStream_t stream,
-                          const Args&... args) {
+                          bool programmatic, const Args&... args) {
   opt_in_shared_memory<kKernel>(smem, family);
-  if (plan.slices == 1) {
-    kKernel<<<dim3(1, plan.row_tiles, 1), kThreadCount, smem, stream>>>(args...);
-    return;
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(plan.slices, plan.row_tiles, 1);
-  config.blockDim = dim3(kThreadCount, 1, 1);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  set_cluster_attribute(attribute, plan.slices);
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kKernel, args...);
+  KernelLaunch launch(dim3(plan.slices, plan.row_tiles, 1), kThreadCount, smem, stream, plan.slices, programmatic);
+  launch(kKernel, args...);
 }
 
 template <auto kKernel, int kRowsPerCta, int kChunk, int kSmem>
@@ -768,7 +743,7 @@ inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
   const LaunchPlan plan = plan_launch(p, kRowsPerCta, kChunk, [&](int slices) {
     return resident_cluster_ctas<kKernel>(kSmem, slices, "skinny");
   });
-  launch_skinny<kKernel>("skinny", kSmem, plan, stream, make_params(p, plan.slice_len));
+  launch_skinny<kKernel>("skinny", kSmem, plan, stream, /*programmatic=*/false, make_params(p, plan.slice_len));
 }
 
 template <typename T>

@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_init(&empty[s], kConsumerThreads / 32);  // one arrival per consumer warp
     }
     fence_barrier_init();
+    allow_next_grid();
   }
   __syncthreads();
 
@@ -117,6 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         prefetch_tensor_map(&x_tail_map);
         prefetch_tensor_map(&w_tail_map);
       }
+      wait_for_previous_grid();  // a programmatic launch (launch.cuh): the previous kernel's outputs
       int stage = 0;
       uint32_t phase = 0;
       // The whole k-blocks' (shard, h0), advanced by additions: one division a CTA, none a stage.
@@ -184,6 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait_group<0>();
   }
   __syncthreads();  // every stage is consumed: the ring becomes the partial tile
+  wait_for_previous_grid();  // (every thread, before the stores)
 
   // Partial tile, transposed: partial[b][row], ld = kBlockRows + 4 (conflict-free writes).
   constexpr int kLd = kBlockRows + 4;
@@ -235,8 +238,8 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   args.kblocks_per_slice = static_cast<int>(ceil_div(args.num_kblocks, plan.slices));
   args.epilogue = skinny_detail::make_params(p, 0);
 
-  skinny_detail::launch_skinny<kKernel, kThreads>("sm90_skinny", Cfg::kSharedBytes, plan, stream, x_map, w_map,
-                                                  tails.a, tails.b, args);
+  skinny_detail::launch_skinny<kKernel, kThreads>("sm90_skinny", Cfg::kSharedBytes, plan, stream,
+                                                  /*programmatic=*/true, x_map, w_map, tails.a, tails.b, args);
 }
 
 // Packed shard tails where H % 64 is 16 or 32 (sm90_gemm_packed_tail): 4 or 2 shards a k-block.

@@ -315,7 +315,7 @@ __device__ __forceinline__ void sum_cluster_tile(const float* partial, const flo
 #endif  // VGA_SM90A_DEVICE
 
 // out[i] = sum over splits s = 0, 1, ... of partials[s][i] (+ bias[i % columns]), for the
-// rows x columns output; one thread a group of 4 elements (the row length is a multiple of 4
+// rows x columns output (a programmatic launch: it waits for the previous grid first); one thread a group of 4 elements (the row length is a multiple of 4
 // when `vector` is set), splits added in order. With `scatter` (kGradInput's layout: its shard
 // width nonzero; no bias) element (m, n) goes to out[scatter_row_offset(m) +
 // scatter_column_offset(n)] instead of out[i].
@@ -324,6 +324,10 @@ __global__ void reduce_partials_kernel(const float* __restrict__ partials, int64
                                        Element* __restrict__ out, int64_t total, int64_t columns,
                                        const Element* __restrict__ bias, int64_t bias_stride, int vector,
                                        OutputScatter scatter) {
+  // Launched right behind the core kernel whose partials it sums (launch.cuh): it may be scheduled
+  // as that one finishes, and waits for it here.
+  wait_for_previous_grid();
+  allow_next_grid();
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   if (scatter.shard_width.divisor > 0) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {

@@ -39,6 +39,7 @@
 #include <type_traits>
 
 #include "../element_types.cuh"
+#include "../launch.cuh"
 #include "../problem.cuh"
 #include "../shared_memory_opt_in.cuh"
 #include "epilogue.cuh"
@@ -362,11 +363,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&tails.a);
       prefetch_tensor_map(&tails.b);
     }
+    allow_next_grid();
   }
   // The barriers are initialised (this CTA's and the peer's) before any thread waits on one, any
   // multicast or any remote arrival: every thread arrives here and waits before its first such
   // use; the producer walks to its first tile in between (run 51's probe: ~0.4 µs of a small
-  // call went to the walk after the cluster barrier).
+  // call went to the walk after the cluster barrier). All of this overlaps the previous kernel's
+  // end under a programmatic launch (launch.cuh): global memory is touched only after
+  // wait_for_previous_grid.
   cluster_arrive();
 
   if (warpgroup == 0) {
@@ -385,6 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (!cluster_ready) {  // the first tile's walk is done: now the barriers are needed
           cluster_wait();
           cluster_ready = true;
+          wait_for_previous_grid();  // and, before the first copy, the previous kernel's outputs
         }
         // A CTA receives the whole shared operand (its own part and its peer's) and, if its tile
         // exists, its own copy of the other one.
@@ -422,6 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kInCluster) cluster_sync();  // the consumers' barrier before the sum of the partial tiles
   } else {
     cluster_wait();
+    wait_for_previous_grid();  // (before the bias loads and the stores)
     warpgroup_claim_registers<kConsumerRegisters>();
     const int consumer = warpgroup - 1;
     const int thread_in_wg = threadIdx.x % 128;
@@ -532,27 +538,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ------------------------------------------------------------------ host
 
-// The launch shape of `clusters` clusters of `cluster_size` CTAs (not copyable: the config points
-// at its own attribute).
-struct ClusterLaunch {
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster_shape = {};
-  ClusterLaunch(int clusters, int cluster_size, int shared_bytes, cudaStream_t stream) {
-    cluster_shape.id = cudaLaunchAttributeClusterDimension;
-    cluster_shape.val.clusterDim.x = cluster_size;
-    cluster_shape.val.clusterDim.y = 1;
-    cluster_shape.val.clusterDim.z = 1;
-    config.gridDim = dim3(clusters * cluster_size);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = shared_bytes;
-    config.stream = stream;
-    config.attrs = &cluster_shape;
-    config.numAttrs = 1;
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
-
 // One kernel's shared-memory opt-in on the current device, and how many clusters of
 // `cluster_size` of its CTAs fit at once (GPCs may leave SMs unpaired).
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
@@ -560,7 +545,7 @@ int max_active_clusters(int cluster_size) {
   using Tile = TileShape<kBlockN>;
   constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0>;
   opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
-  ClusterLaunch launch(1, cluster_size, Tile::kSharedBytes, nullptr);
+  KernelLaunch launch(dim3(cluster_size), kThreads, Tile::kSharedBytes, nullptr, cluster_size, false);
   int clusters = 0;
   const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
   STD_TORCH_CHECK(status == cudaSuccess && clusters > 0, "vga sm90_gemm: no cluster of ", cluster_size,
@@ -612,12 +597,12 @@ template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const TailMaps& tails,
                         const CoreArgs& args, int clusters, cudaStream_t stream) {
   using Tile = TileShape<kBlockN>;
-  ClusterLaunch launch(clusters, args.cluster_size, Tile::kSharedBytes, stream);
+  KernelLaunch launch(dim3(clusters * args.cluster_size), kThreads, Tile::kSharedBytes, stream, args.cluster_size, true);
   auto launch_with = [&](auto tail_shards) {
     constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, decltype(tail_shards)::value>;
     // (the unpacked kernels opted in when resident_clusters asked the driver about them)
     if constexpr (decltype(tail_shards)::value > 0) opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
-    cudaLaunchKernelEx(&launch.config, kernel, a_map, b_map, tails, args);
+    launch(kernel, a_map, b_map, tails, args);
   };
   if constexpr (kKind == GemmKind::kForward) {
     if (args.tail_shards == 2) return launch_with(std::integral_constant<int, 2>{});
@@ -734,11 +719,11 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
     const int vector = args.out_ld % 4 == 0 ? 1 : 0;
     const int64_t threads_needed = vector ? ceil_div(total, 4) : total;
     const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(threads_needed, 256), 132 * 16));
-    reduce_partials_kernel<Element><<<blocks, 256, 0, stream>>>(
-        args.partials, args.partial_stride, plan.splits, static_cast<Element*>(args.out), total, args.out_ld,
-        static_cast<const Element*>(args.bias), args.bias_stride, vector,
-        kKind == GemmKind::kGradInput && !scatters_row_major(args.scatter, rows, args.out_ld) ? args.scatter
-                                                                                              : OutputScatter{});
+    const bool scatter = kKind == GemmKind::kGradInput && !scatters_row_major(args.scatter, rows, args.out_ld);
+    KernelLaunch reduce(dim3(blocks), 256, 0, stream, 1, true);
+    reduce(reduce_partials_kernel<Element>, args.partials, args.partial_stride, plan.splits,
+           static_cast<Element*>(args.out), total, args.out_ld, static_cast<const Element*>(args.bias),
+           args.bias_stride, vector, scatter ? args.scatter : OutputScatter{});
   }
 }
 

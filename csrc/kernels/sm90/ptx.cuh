@@ -52,6 +52,25 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
+
+// Programmatic dependent launch (launch.cuh launches the kernels that call these with it): the
+// kernel may start while the previous kernel of the stream is still finishing, so every thread
+// waits for that grid (its completion and its memory) before its first global-memory access;
+// what comes before (barrier setup, tensor-map prefetch, the tile walk) overlaps the previous
+// kernel's end. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the next kernel of the stream, if launched the same way, be scheduled onto SMs this grid
+// leaves free (it still waits for this grid's completion before touching memory): a hint that
+// only moves its start earlier, called once a CTA.
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 #endif
 
 #ifdef VGA_SM90A_DEVICE

@@ -1,0 +1,164 @@
+"""The Hopper kernels launch with programmatic dependent launch (csrc/kernels/launch.cuh): each may
+start while the previous kernel of the stream finishes, and must not touch memory before that one
+is complete. These chains make the next op read the previous op's output, or write where the
+previous op is still reading, on grids small enough that the next kernel's CTAs start on idle SMs
+at once: a read or write before the wait shows up as a wrong value."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import vga_linear
+from utils import assert_close_to_float64, make_params, make_x
+
+pytestmark = pytest.mark.cuda
+
+# (family, rows): the dispatch's own choice, a split across the grid (the core, then the sum of its
+# partials: two kernels a call), a split in the cluster, and the decode kernel.
+CHAINS = [(None, 200), ("sm90_gemm/n128/s2", 200), ("sm90_gemm/n64/c2", 130), ("sm90_skinny", 16)]
+R, H = 4, 64
+
+
+def run(x, weight, bias, family):
+    if family is None:
+        return torch.ops.vga.gather_concat_linear(x, weight, bias)
+    return torch.ops.vga._gather_concat_linear_family(x, weight, bias, family)
+
+
+def as_shards(y):
+    """(rows, R * H) as the op's (R, rows, H) input, a strided view (no copy)."""
+    return y.view(y.shape[0], R, H).permute(1, 0, 2)
+
+
+def chain(x, params, family):
+    outs = []
+    for weight, bias in params:
+        x = run(x, weight, bias, family)
+        outs.append(x)
+        x = as_shards(x)
+    return outs
+
+
+@pytest.fixture(autouse=True)
+def hopper_kernels():
+    if not vga_linear.kernels_loaded() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Hopper kernels")
+
+
+@pytest.mark.parametrize("family,rows", CHAINS, ids=str)
+def test_each_op_reads_the_previous_ops_output(family, rows):
+    params = [make_params(R, H, R * H, torch.bfloat16, "cuda") for _ in range(6)]
+    for _ in range(3):  # fresh inputs: a stale read would see the previous round's values
+        x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
+        outs = chain(x, params, family)
+        torch.cuda.synchronize()
+        inputs = [x] + [as_shards(y) for y in outs[:-1]]
+        for out, inp, (weight, bias) in zip(outs, inputs, params):
+            assert_close_to_float64(out, inp, weight, bias)
+
+
+@pytest.mark.parametrize("family,rows", CHAINS, ids=str)
+def test_an_op_writes_where_the_previous_op_read(family, rows):
+    # x is freed (in stream order) while the op reading it may still run; the next op's output of
+    # x's size most likely takes its block. Row counts no other test uses keep other free blocks
+    # of that size out of the allocator's choice; the iterations where it chose another don't count.
+    weight, bias = make_params(R, H, R * H, torch.bfloat16, "cuda")
+    narrow = make_params(R, H, 3 * H, torch.bfloat16, "cuda")  # y's size differs from x's
+    torch.cuda.empty_cache()
+    exercised = 0
+    for extra in range(1, 6):
+        n = rows + 2 * extra + 1
+        x = make_x(R, (n,), H, torch.bfloat16, "cuda")
+        other = make_x(R, (n,), H, torch.bfloat16, "cuda")
+        x_values, x_address = x.clone(), x.data_ptr()
+        y = run(x, *narrow, family)
+        del x  # its block goes back to the allocator, in stream order
+        z = run(other, weight, bias, family)  # (n, R * H): x's size
+        exercised += z.data_ptr() == x_address
+        torch.cuda.synchronize()
+        assert_close_to_float64(y, x_values, *narrow)
+        assert_close_to_float64(z, other, weight, bias)
+    assert exercised > 0, "the allocator never handed x's block to the next output: the hazard was not produced"
+
+
+@pytest.mark.parametrize("family,rows", CHAINS, ids=str)
+def test_chain_in_a_cuda_graph(family, rows):
+    params = [make_params(R, H, R * H, torch.bfloat16, "cuda") for _ in range(4)]
+    x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain(x, params, family)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain(x, params, family)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        inputs = [x] + [as_shards(y) for y in outs[:-1]]
+        for out, inp, (weight, bias) in zip(outs, inputs, params):
+            assert_close_to_float64(out, inp, weight, bias)
+
+
+def test_two_layers_backward():
+    # Layer 2's grad_x kernel writes the gradient that layer 1's grad_x and grad_weight kernels read
+    # next; layer 1's forward output is layer 2's input.
+    rows = 300
+    params = [make_params(R, H, R * H, torch.bfloat16, "cuda") for _ in range(2)]
+    x = make_x(R, (rows,), H, torch.bfloat16, "cuda").requires_grad_()
+    leaves = [t.requires_grad_() for p in params for t in p]
+    y = vga_linear.gather_concat_linear(as_shards(vga_linear.gather_concat_linear(x, *params[0])), *params[1])
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    grads = [x.grad] + [t.grad for t in leaves]
+
+    x64 = x.detach().double().requires_grad_()
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+
+    def linear64(inp, weight, bias):
+        return torch.nn.functional.linear(torch.cat(inp.unbind(0), -1), weight, bias)
+
+    y64 = linear64(as_shards(linear64(x64, *leaves64[:2])), *leaves64[2:])
+    y64.backward(grad.double())
+    for got, ref in zip(grads, [x64.grad] + [t.grad for t in leaves64]):
+        # 2e-2 relative, with an absolute floor scaled to the gradient's size (half-precision rounding
+        # of two layers; a stale read is off by the whole value)
+        torch.testing.assert_close(got.double(), ref, atol=2e-2 * ref.abs().mean().item(), rtol=2e-2)
+
+
+_CHILD = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+import vga_linear
+from test_programmatic_launch import CHAINS, R, H, chain
+torch.manual_seed(0)
+from utils import make_params, make_x
+out = {}
+for family, rows in CHAINS:
+    params = [make_params(R, H, R * H, torch.bfloat16, "cuda") for _ in range(3)]
+    x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
+    out[str(family)] = [y.cpu() for y in chain(x, params, family)]
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_pdl_off_gives_the_same_bits(tmp_path):
+    results = []
+    for setting in ("1", "0"):
+        path = tmp_path / f"pdl{setting}.pt"
+        env = dict(os.environ, VGA_LINEAR_PDL=setting)
+        command = [sys.executable, "-c", _CHILD, str(path), os.path.dirname(__file__)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(torch.load(path))
+    assert results[0].keys() == results[1].keys()
+    for family in results[0]:
+        for a, b in zip(results[0][family], results[1][family]):
+            assert torch.equal(a, b), family
