@@ -1,8 +1,10 @@
 """The Hopper kernels launch with programmatic dependent launch (csrc/kernels/launch.cuh): each may
 start while the previous kernel of the stream finishes, and must not touch memory before that one
-is complete. These chains make the next op read the previous op's output, or write where the
-previous op is still reading, on grids small enough that the next kernel's CTAs start on idle SMs
-at once: a read or write before the wait shows up as a wrong value."""
+is complete. The chains make the next op read the previous op's output (as x, through its
+producer's copies, and as bias, through its consumers' loads) or write where the previous op is
+still reading, on grids small enough that the next kernel's CTAs start on idle SMs at once; a
+deliberately slow predecessor that lets its dependents start at its beginning makes a missing
+wait fail every time rather than by timing."""
 
 import os
 import subprocess
@@ -17,9 +19,12 @@ from utils import assert_close_to_float64, make_params, make_x
 pytestmark = pytest.mark.cuda
 
 # (family, rows): the dispatch's own choice, a split across the grid (the core, then the sum of its
-# partials: two kernels a call), a split in the cluster, and the decode kernel.
-CHAINS = [(None, 200), ("sm90_gemm/n128/s2", 200), ("sm90_gemm/n64/c2", 130), ("sm90_skinny", 16)]
+# partials: two kernels a call), splits in the cluster (c8 over 4 k-blocks: four slices without
+# any), and the decode kernel.
+CHAINS = [(None, 200), ("sm90_gemm/n128/s2", 200), ("sm90_gemm/n64/c2", 130), ("sm90_gemm/n64/c8", 130),
+          ("sm90_skinny", 16)]
 R, H = 4, 64
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(x, weight, bias, family):
@@ -33,13 +38,26 @@ def as_shards(y):
     return y.view(y.shape[0], R, H).permute(1, 0, 2)
 
 
-def chain(x, params, family):
-    outs = []
-    for weight, bias in params:
-        x = run(x, weight, bias, family)
-        outs.append(x)
-        x = as_shards(x)
+def chain(x, weights, first_bias, family):
+    """Each op's x is the previous op's output as shards, and its bias that output's first row."""
+    outs, bias = [], first_bias
+    for weight in weights:
+        y = run(x, weight, bias, family)
+        outs.append(y)
+        x, bias = as_shards(y), y[0]
     return outs
+
+
+def assert_chain_close(x, weights, first_bias, outs):
+    inputs = [x] + [as_shards(y) for y in outs[:-1]]
+    biases = [first_bias] + [y[0] for y in outs[:-1]]
+    for out, inp, weight, bias in zip(outs, inputs, weights, biases):
+        assert_close_to_float64(out, inp, weight, bias)
+
+
+def chain_params(n):
+    weights = [make_params(R, H, R * H, torch.bfloat16, "cuda", bias=False)[0] for _ in range(n)]
+    return weights, torch.randn(R * H, dtype=torch.bfloat16, device="cuda")
 
 
 @pytest.fixture(autouse=True)
@@ -50,14 +68,12 @@ def hopper_kernels():
 
 @pytest.mark.parametrize("family,rows", CHAINS, ids=str)
 def test_each_op_reads_the_previous_ops_output(family, rows):
-    params = [make_params(R, H, R * H, torch.bfloat16, "cuda") for _ in range(6)]
+    weights, first_bias = chain_params(6)
     for _ in range(3):  # fresh inputs: a stale read would see the previous round's values
         x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
-        outs = chain(x, params, family)
+        outs = chain(x, weights, first_bias, family)
         torch.cuda.synchronize()
-        inputs = [x] + [as_shards(y) for y in outs[:-1]]
-        for out, inp, (weight, bias) in zip(outs, inputs, params):
-            assert_close_to_float64(out, inp, weight, bias)
+        assert_chain_close(x, weights, first_bias, outs)
 
 
 @pytest.mark.parametrize("family,rows", CHAINS, ids=str)
@@ -86,25 +102,54 @@ def test_an_op_writes_where_the_previous_op_read(family, rows):
 
 @pytest.mark.parametrize("family,rows", CHAINS, ids=str)
 def test_chain_in_a_cuda_graph(family, rows):
-    params = [make_params(R, H, R * H, torch.bfloat16, "cuda") for _ in range(4)]
+    weights, first_bias = chain_params(4)
     x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        chain(x, params, family)  # warm-up outside the capture
+        chain(x, weights, first_bias, family)  # warm-up outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = chain(x, params, family)
+        outs = chain(x, weights, first_bias, family)
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         for out in outs:
             out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        inputs = [x] + [as_shards(y) for y in outs[:-1]]
-        for out, inp, (weight, bias) in zip(outs, inputs, params):
-            assert_close_to_float64(out, inp, weight, bias)
+        assert_chain_close(x, weights, first_bias, outs)
+
+
+@pytest.mark.parametrize("family,rows", CHAINS, ids=str)
+def test_after_a_slow_predecessor_that_releases_its_dependents_at_once(family, rows):
+    # A one-program Triton kernel lets the next kernel be scheduled at its start, then writes x and
+    # the bias one slice at a time (hundreds of microseconds): the op launched behind it reads
+    # NaN wherever it does not wait for it.
+    triton = pytest.importorskip("triton")
+    tl = pytest.importorskip("triton.language")
+    if not hasattr(tl.extra.cuda, "gdc_launch_dependents"):
+        pytest.skip(f"triton {triton.__version__} has no gdc_launch_dependents")
+
+    @triton.jit
+    def slow_copy(src, dst, n, bias_src, bias_dst, k, BLOCK: tl.constexpr):
+        tl.extra.cuda.gdc_launch_dependents()
+        for start in range(0, n, BLOCK):
+            offsets = start + tl.arange(0, BLOCK)
+            tl.store(dst + offsets, tl.load(src + offsets, mask=offsets < n), mask=offsets < n)
+        for start in range(0, k, BLOCK):
+            offsets = start + tl.arange(0, BLOCK)
+            tl.store(bias_dst + offsets, tl.load(bias_src + offsets, mask=offsets < k), mask=offsets < k)
+
+    weight, bias = make_params(R, H, R * H, torch.bfloat16, "cuda")
+    for _ in range(3):
+        source = make_x(R, (rows,), H, torch.bfloat16, "cuda")
+        x = torch.full_like(source, float("nan"))
+        b = torch.full_like(bias, float("nan"))
+        slow_copy[(1,)](source, x, x.numel(), bias, b, b.numel(), BLOCK=64)
+        out = run(x, weight, b, family)
+        torch.cuda.synchronize()
+        assert_close_to_float64(out, source, weight, bias)
 
 
 def test_two_layers_backward():
@@ -137,24 +182,26 @@ _CHILD = """
 import sys, torch
 sys.path.insert(0, sys.argv[2])
 import vga_linear
-from test_programmatic_launch import CHAINS, R, H, chain
+from test_programmatic_launch import CHAINS, R, H, chain, chain_params
+from utils import make_x
 torch.manual_seed(0)
-from utils import make_params, make_x
 out = {}
 for family, rows in CHAINS:
-    params = [make_params(R, H, R * H, torch.bfloat16, "cuda") for _ in range(3)]
+    weights, first_bias = chain_params(3)
     x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
-    out[str(family)] = [y.cpu() for y in chain(x, params, family)]
+    out[str(family)] = [y.cpu() for y in chain(x, weights, first_bias, family)]
 torch.save(out, sys.argv[1])
 """
 
 
-def test_pdl_off_gives_the_same_bits(tmp_path):
+def test_the_same_bits_with_pdl_off(tmp_path):
+    # VGA_LINEAR_PDL=0 launches the same kernels without the attribute: bitwise the same results.
     results = []
     for setting in ("1", "0"):
         path = tmp_path / f"pdl{setting}.pt"
         env = dict(os.environ, VGA_LINEAR_PDL=setting)
-        command = [sys.executable, "-c", _CHILD, str(path), os.path.dirname(__file__)]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+        command = [sys.executable, "-c", _CHILD, str(path), os.path.dirname(os.path.abspath(__file__))]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         results.append(torch.load(path))

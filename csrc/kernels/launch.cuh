@@ -2,10 +2,11 @@
 // kernels that wait for the previous grid before touching memory (sm90::wait_for_previous_grid),
 // programmatic dependent launch. With it a kernel is scheduled while the previous kernel of the
 // stream is finishing (as soon as that one's CTAs have all exited, or all called
-// sm90::allow_next_grid, as the core's and sm90_skinny's do at their start), so its launch and
-// its barrier setup, tensor-map prefetch and tile walk overlap the previous kernel's end instead
-// of following it. CUDA graphs capture it as a programmatic edge. VGA_LINEAR_PDL=0 in the
-// environment (read once a process) launches without it.
+// sm90::allow_next_grid, as the core's, its split sum's and sm90_skinny's do at their start), so
+// its launch and its barrier setup, tensor-map prefetch and tile walk overlap the previous
+// kernel's end instead of following it. CUDA graphs capture it as a programmatic edge (CUDA 12.3
+// and later, runtime and driver: older ones launch without it). VGA_LINEAR_PDL=0 in the
+// environment (exactly "0"; read once a process) launches without it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,7 +20,9 @@ namespace vga {
 inline bool programmatic_launch_enabled() {
   static const bool enabled = [] {
     const char* value = std::getenv("VGA_LINEAR_PDL");
-    return value == nullptr || std::strcmp(value, "0") != 0;
+    if (value != nullptr && std::strcmp(value, "0") == 0) return false;
+    int driver = 0;
+    return CUDART_VERSION >= 12030 && cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12030;
   }();
   return enabled;
 }

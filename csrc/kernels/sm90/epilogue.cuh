@@ -319,15 +319,18 @@ __device__ __forceinline__ void sum_cluster_tile(const float* partial, const flo
 // when `vector` is set), splits added in order. With `scatter` (kGradInput's layout: its shard
 // width nonzero; no bias) element (m, n) goes to out[scatter_row_offset(m) +
 // scatter_column_offset(n)] instead of out[i].
+// `partials` and `bias` are not __restrict__: that would let the compiler read them through the
+// non-coherent path, outside the memory model that wait_for_previous_grid's ordering is part of
+// (the partials are the previous kernel's output).
 template <typename Element>
-__global__ void reduce_partials_kernel(const float* __restrict__ partials, int64_t split_stride, int splits,
+__global__ void reduce_partials_kernel(const float* partials, int64_t split_stride, int splits,
                                        Element* __restrict__ out, int64_t total, int64_t columns,
-                                       const Element* __restrict__ bias, int64_t bias_stride, int vector,
+                                       const Element* bias, int64_t bias_stride, int vector,
                                        OutputScatter scatter) {
   // Launched right behind the core kernel whose partials it sums (launch.cuh): it may be scheduled
   // as that one finishes, and waits for it here.
-  wait_for_previous_grid();
   allow_next_grid();
+  wait_for_previous_grid();
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   if (scatter.shard_width.divisor > 0) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {

@@ -57,15 +57,16 @@ __device__ __forceinline__ void cluster_wait() {
 // kernel may start while the previous kernel of the stream is still finishing, so every thread
 // waits for that grid (its completion and its memory) before its first global-memory access;
 // what comes before (barrier setup, tensor-map prefetch, the tile walk) overlaps the previous
-// kernel's end. Without the launch attribute both are no-ops.
+// kernel's end. In a kernel launched without the attribute the wait returns at once.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-// Lets the next kernel of the stream, if launched the same way, be scheduled onto SMs this grid
-// leaves free (it still waits for this grid's completion before touching memory): a hint that
-// only moves its start earlier, called once a CTA.
+// Lets the next kernel of the stream, if that one is launched with the attribute, be scheduled
+// onto SMs this grid leaves free once every CTA of this grid has called it (the next kernel still
+// waits for this grid's completion before touching memory): a hint that only moves its start
+// earlier. The first call of a CTA counts; more are harmless.
 __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
