@@ -18,7 +18,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-POINT = re.compile(r"^(\S+) (fwd|gx|gw) (R=\d+ H=\d+ K=\d+):\s+(.*)$")
+POINT = re.compile(r"^(\S+) (fwd|gx|gw|bwd|gx\+gw) (R=\d+ H=\d+ K=\d+):\s+(.*)$")
 
 
 def parse(lines):

@@ -2,13 +2,16 @@
 """Per-call time of the op's products timed back to back in a CUDA graph, against cuBLAS.
 
     python benchmarks/graph_calls.py --layers '16,80,1280;32,96,3072' --rows 100,256,1024,8192 \
-        [--kinds fwd,gx,gw] [--config sm90_gemm/n128] [--cublas] [--producer] [--dtype bf16] [--json out.json]
+        [--kinds fwd,gx,gw,bwd,gx+gw] [--config sm90_gemm/n128] [--cublas] [--producer] [--dtype bf16] [--json out.json]
 
 Each (layer R,H,K) x rows point builds fresh random inputs and times `--calls` calls captured in
 one graph (no host gaps, no L2 flush; harness.back_to_back_us): the forward, grad_x and
 grad_weight through the private family ops with `--config` forced (a family, or a GEMM-core
 configuration such as sm90_gemm/n128/c2), and with --cublas the same products on a
-pre-concatenated input (F.linear, grad_y @ W, grad_y^T @ cat(x)). This is how benchmarks/NOTES.md
+pre-concatenated input (F.linear, grad_y @ W, grad_y^T @ cat(x)). `bwd` is both backward products
+by the backward op (grad_weight started while grad_x finishes), `gx+gw` the same two products by
+their own ops, one after the other (grad_x in x's layout in both): their ratio is what the overlap
+gains. This is how benchmarks/NOTES.md
 compares two builds of the kernels: run it once per build, alternating the builds in one device
 call, and read the differences against the spread between the two runs of each build. The
 flushed, eager figures of bench.py (--suite sweep) stay the performance claims. Needs a GPU.
@@ -31,6 +34,7 @@ import harness as H
 import metrics as M
 
 DTYPES = ("bf16", "fp16")
+KINDS = ("fwd", "gx", "gw", "bwd", "gx+gw")
 
 
 def products(R, H_, K, rows, dtype, config, cublas, producer=False):
@@ -40,13 +44,16 @@ def products(R, H_, K, rows, dtype, config, cublas, producer=False):
     x, w, b, xc, g = (inp[k].detach() for k in ("x", "w", "b", "a", "gy"))
     if cublas:
         calls = {"fwd": lambda: F.linear(xc, w, b), "gx": lambda: g @ w, "gw": lambda: g.t() @ xc}
-        inputs = {"fwd": xc, "gx": g, "gw": g}
+        calls["bwd"] = calls["gx+gw"] = lambda: (g @ w, g.t() @ xc)
     else:
         ops = torch.ops.vga
         calls = {"fwd": lambda: ops._gather_concat_linear_family(x, w, b, config),
                  "gx": lambda: ops._gather_concat_linear_grad_x_family(g, w, R, config),
-                 "gw": lambda: ops._gather_concat_linear_grad_weight_family(g, x, config)}
-        inputs = {"fwd": x, "gx": g, "gw": g}
+                 "gw": lambda: ops._gather_concat_linear_grad_weight_family(g, x, config),
+                 "bwd": lambda: ops._gather_concat_linear_backward_family(g, x, w, config, config),
+                 "gx+gw": lambda: (ops._gather_concat_linear_grad_x_family(g, w, R, config, x),
+                                   ops._gather_concat_linear_grad_weight_family(g, x, config))}
+    inputs = {"fwd": xc if cublas else x, "gx": g, "gw": g, "bwd": g, "gx+gw": g}
     if not producer:
         return calls
 
@@ -65,7 +72,7 @@ def main() -> int:
                         help="R,H,K;R,H,K;...")
     parser.add_argument("--rows", required=True, type=lambda s: [int(v) for v in s.split(",")])
     parser.add_argument("--kinds", default=("fwd",), type=lambda s: tuple(s.split(",")),
-                        help="products to time: fwd, gx, gw (default fwd)")
+                        help="products to time: fwd, gx, gw, bwd, gx+gw (default fwd)")
     parser.add_argument("--config", default="sm90_gemm", help="forced family / core configuration")
     parser.add_argument("--cublas", action="store_true", help="time cuBLAS on a pre-concatenated input instead")
     parser.add_argument("--dtype", default="bf16", choices=DTYPES)
@@ -74,9 +81,9 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=20, help="calls captured in the graph")
     parser.add_argument("--json", help="write the points here")
     args = parser.parse_args()
-    unknown = sorted(set(args.kinds) - {"fwd", "gx", "gw"})
+    unknown = sorted(set(args.kinds) - set(KINDS))
     if unknown:
-        parser.error(f"--kinds: unknown products {unknown}; known: fwd, gx, gw")
+        parser.error(f"--kinds: unknown products {unknown}; known: {', '.join(KINDS)}")
     if not torch.cuda.is_available():
         print("graph_calls.py needs a CUDA GPU", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
-// CUDA entry points of the two backward ops: argument checks, the problem, the choice of a
-// family (the first in preference order that accepts the input) and the launch on the current
-// stream. Both are GEMMs over the forward's virtual concat:
+// CUDA entry points of the backward ops (grad_x, grad_weight, and both in one op, which autograd
+// calls): argument checks, the problem, the choice of a family (the first in preference order
+// that accepts the input) and the launch on the current stream. Both products are GEMMs over the
+// forward's virtual concat:
 //   grad_x[r, m, h]   = sum_k grad_y[m, k] * W[k, r*H + h]   (in x's strides where x is given and
 //                                                             dense, else the (R, *batch, H) view
 //                                                             of a (rows, R*H) row-major result)
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "kernels/generic_gemm.cuh"
 #include "kernels/sm90_grad.cuh"
@@ -123,31 +125,57 @@ bool dense_with_contiguous_rows(const Tensor& t) {
   return true;
 }
 
-Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_shards, const std::optional<Tensor>& x,
-                   const std::string& forced) {
-  constexpr const char* op = "gather_concat_linear_grad_x";
+void check_grad_x_args(const Tensor& grad_out, const Tensor& weight, int64_t num_shards, const std::optional<Tensor>& x,
+                       const char* op) {
   check_grad_out(grad_out, op);
   check_same(grad_out, "grad_out", weight, "weight", op);
   STD_TORCH_CHECK(weight.dim() == 2 && weight.size(0) == grad_out.size(-1), op,
                   ": weight must be (K, R*H) with K = grad_out.shape[-1] = ", grad_out.size(-1));
   STD_TORCH_CHECK(num_shards > 0 && weight.size(1) % num_shards == 0, op, ": weight.shape[1] = ", weight.size(1),
                   " is not a multiple of num_shards = ", num_shards);
+  if (x.has_value()) {
+    const int64_t out_dims = grad_out.dim() + 1;
+    bool same = x->dim() == out_dims && x->size(0) == num_shards && x->size(-1) == weight.size(1) / num_shards;
+    for (int64_t d = 1; same && d + 1 < out_dims; ++d) same = x->size(d) == grad_out.size(d - 1);
+    STD_TORCH_CHECK(same, op, ": x must be (num_shards, *grad_out.shape[:-1], H) = the forward's input (", num_shards,
+                    ", ..., ", weight.size(1) / num_shards, ") with ", out_dims, " dims, got ", x->dim(), " dims");
+    STD_TORCH_CHECK(same_cuda_device(grad_out, *x), op, ": x is on ", device_name(*x), " but grad_out is on ",
+                    device_name(grad_out), "; all tensors must be on one device");
+  }
+}
+
+void check_grad_weight_args(const Tensor& grad_out, const Tensor& x, const char* op) {
+  check_grad_out(grad_out, op);
+  check_same(x, "x", grad_out, "grad_out", op);
+  bool batch_matches = x.dim() == grad_out.dim() + 1;
+  for (int64_t d = 0; batch_matches && d + 1 < grad_out.dim(); ++d) {
+    batch_matches = x.size(d + 1) == grad_out.size(d);
+  }
+  STD_TORCH_CHECK(batch_matches, op, ": x must be (R, *batch, H) with the batch dims of grad_out (*batch, K)");
+  STD_TORCH_CHECK(x.size(-1) <= 1 || x.stride(-1) == 1, op, ": x's last dim must have stride 1, got stride ",
+                  x.stride(-1));
+}
+
+// A backward product with its output allocated and its family chosen, not yet queued: the
+// backward op allocates both products' outputs before it queues either (see backward_cuda).
+template <typename Problem>
+struct PreparedProduct {
+  Tensor output;
+  Problem problem;
+  const BackwardFamily<Problem>* family;  // nullptr: the output is empty, nothing to launch
+};
+
+// grad_x (arguments checked by check_grad_x_args).
+PreparedProduct<GradInputProblem> prepare_grad_x(const Tensor& grad_out, const Tensor& weight, int64_t num_shards,
+                                                 const std::optional<Tensor>& x, const std::string& forced,
+                                                 LaunchWorkspace& workspace, const char* op) {
   const int32_t device_index = grad_out.get_device_index();
-  torch::stable::accelerator::DeviceGuard guard(device_index);
   const int64_t H = weight.size(1) / num_shards;
   const int64_t columns = weight.size(1);
   // grad_x is (R, *batch, H): in x's strides where x is given and dense (so that autograd hands a
   // leaf x its gradient without a copy, and x's producer gets its own layout back), otherwise
   // with strides (H, <batch strides of a (*batch, R*H) matrix>, 1): what cat's autograd returns.
   const int64_t out_dims = grad_out.dim() + 1;
-  if (x.has_value()) {
-    bool same = x->dim() == out_dims && x->size(0) == num_shards && x->size(-1) == H;
-    for (int64_t d = 1; same && d + 1 < out_dims; ++d) same = x->size(d) == grad_out.size(d - 1);
-    STD_TORCH_CHECK(same, op, ": x must be (num_shards, *grad_out.shape[:-1], H) = the forward's input (", num_shards,
-                    ", ..., ", H, ") with ", out_dims, " dims, got ", x->dim(), " dims");
-    STD_TORCH_CHECK(same_cuda_device(grad_out, *x), op, ": x is on ", device_name(*x), " but grad_out is on ",
-                    device_name(grad_out), "; all tensors must be on one device");
-  }
   const bool x_layout = x.has_value() && dense_with_contiguous_rows(*x);
   std::array<int64_t, 4> sizes{num_shards};
   std::array<int64_t, 4> strides{H};
@@ -163,75 +191,61 @@ Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_sha
     for (int64_t d = 0; d < out_dims; ++d) strides[d] = x->stride(d);
   }
   Tensor grad_x = empty_strided_cuda_like(grad_out, sizes, strides, static_cast<size_t>(out_dims), device_index);
-  if (grad_x.numel() == 0) return grad_x;
-  const int64_t rows = batch_rows_count(grad_out);
-  const cudaStream_t stream = current_stream(device_index);
-  const DType dtype = *kernel_dtype(grad_out.scalar_type());
-  LaunchWorkspace workspace(device_index);
   GradInputProblem p{};
+  if (grad_x.numel() == 0) return {grad_x, p, nullptr};
   p.grad_out = grad_out.const_data_ptr();
   p.weight = weight.const_data_ptr();
   p.grad_x = grad_x.mutable_data_ptr();
   const bool two_batch_dims = out_dims == 4;
+  p.rows = batch_rows_count(grad_out);
   p.layout.shard_width = H;
   p.layout.shard_stride = strides[0];
-  p.layout.rows_inner = two_batch_dims ? sizes[2] : rows;
+  p.layout.rows_inner = two_batch_dims ? sizes[2] : p.rows;
   p.layout.inner_stride = strides[out_dims - 2];
   p.layout.outer_stride = two_batch_dims ? strides[1] : 0;
-  p.rows = rows;
   p.out_features = weight.size(0);
   p.num_shards = num_shards;
   p.shard_width = H;
   p.grad_out_stride = merged_row_stride(grad_out);
   p.weight_stride_out = weight.stride(0);
   p.weight_stride_in = weight.stride(1);
-  p.dtype = dtype;
+  p.dtype = *kernel_dtype(grad_out.scalar_type());
   p.sm_count = device_traits(device_index).sm_count;
   p.cc_major = device_traits(device_index).cc_major;
   p.device_index = device_index;
   p.workspace = workspace.request();
   p.forced = forced_config_of(forced, op);
-  const auto& family = pick_family(kGradInputFamilies, forced, p, op);
-  if (family.run != nullptr) {
-    family.run(p, stream);
-  } else {
-    visit_dtype(dtype, [&](auto element) {
-      using T = decltype(element);
-      BatchRowsMatrixOperand<T, false> a{static_cast<const T*>(grad_out.const_data_ptr()), batch_rows_of(grad_out, 0),
-                                         grad_out.stride(-1)};
-      StridedOperand<T> b{static_cast<const T*>(weight.const_data_ptr()), weight.stride(0), weight.stride(1)};
-      GradXStore<T> store{static_cast<T*>(grad_x.mutable_data_ptr()), p.layout};
-      launch_generic_gemm<T>(a, b, store, rows, columns, weight.size(0), stream);
-    });
-  }
-  check_launch(op);
-  return grad_x;
+  return {grad_x, p, &pick_family(kGradInputFamilies, forced, p, op)};
 }
 
-Tensor grad_weight_impl(const Tensor& grad_out, const Tensor& x, const std::string& forced) {
-  constexpr const char* op = "gather_concat_linear_grad_weight";
-  check_grad_out(grad_out, op);
-  check_same(x, "x", grad_out, "grad_out", op);
-  bool batch_matches = x.dim() == grad_out.dim() + 1;
-  for (int64_t d = 0; batch_matches && d + 1 < grad_out.dim(); ++d) {
-    batch_matches = x.size(d + 1) == grad_out.size(d);
-  }
-  STD_TORCH_CHECK(batch_matches, op, ": x must be (R, *batch, H) with the batch dims of grad_out (*batch, K)");
-  STD_TORCH_CHECK(x.size(-1) <= 1 || x.stride(-1) == 1, op, ": x's last dim must have stride 1, got stride ",
-                  x.stride(-1));
+void launch_grad_x(const PreparedProduct<GradInputProblem>& prepared, const Tensor& grad_out, const Tensor& weight,
+                   cudaStream_t stream) {
+  const GradInputProblem& p = prepared.problem;
+  if (prepared.family == nullptr) return;
+  if (prepared.family->run != nullptr) return prepared.family->run(p, stream);
+  visit_dtype(p.dtype, [&](auto element) {
+    using T = decltype(element);
+    BatchRowsMatrixOperand<T, false> a{static_cast<const T*>(grad_out.const_data_ptr()), batch_rows_of(grad_out, 0),
+                                       grad_out.stride(-1)};
+    StridedOperand<T> b{static_cast<const T*>(weight.const_data_ptr()), weight.stride(0), weight.stride(1)};
+    GradXStore<T> store{static_cast<T*>(p.grad_x), p.layout};
+    launch_generic_gemm<T>(a, b, store, p.rows, p.columns(), p.out_features, stream);
+  });
+}
+
+// grad_weight (arguments checked by check_grad_weight_args).
+PreparedProduct<GradWeightProblem> prepare_grad_weight(const Tensor& grad_out, const Tensor& x,
+                                                       const std::string& forced, LaunchWorkspace& workspace,
+                                                       const char* op) {
   const int32_t device_index = x.get_device_index();
-  torch::stable::accelerator::DeviceGuard guard(device_index);
   const int64_t R = x.size(0);
   const int64_t H = x.size(-1);
   const int64_t K = grad_out.size(-1);
   std::array<int64_t, 2> sizes{K, R * H};
   Tensor grad_weight = empty_cuda_like(x, sizes, 2, device_index);
-  if (grad_weight.numel() == 0) return grad_weight;
-  const cudaStream_t stream = current_stream(device_index);
-  const DType dtype = *kernel_dtype(x.scalar_type());
-  LaunchWorkspace workspace(device_index);
-  const bool two_batch_dims = x.dim() == 4;
   GradWeightProblem g{};
+  if (grad_weight.numel() == 0) return {grad_weight, g, nullptr};
+  const bool two_batch_dims = x.dim() == 4;
   ForwardProblem& p = g.shards;
   p.x = x.const_data_ptr();
   p.num_shards = R;
@@ -242,7 +256,7 @@ Tensor grad_weight_impl(const Tensor& grad_out, const Tensor& x, const std::stri
   p.x_stride_shard = x.stride(0);
   p.x_stride_outer = x.stride(1);
   p.x_stride_inner = two_batch_dims ? x.stride(2) : 0;
-  p.dtype = dtype;
+  p.dtype = *kernel_dtype(x.scalar_type());
   p.sm_count = device_traits(device_index).sm_count;
   p.cc_major = device_traits(device_index).cc_major;
   p.device_index = device_index;
@@ -251,28 +265,93 @@ Tensor grad_weight_impl(const Tensor& grad_out, const Tensor& x, const std::stri
   g.grad_out = grad_out.const_data_ptr();
   g.grad_out_stride = merged_row_stride(grad_out);
   g.grad_weight = grad_weight.mutable_data_ptr();
-  const auto& family = pick_family(kGradWeightFamilies, forced, g, op);
-  if (family.run != nullptr) {
-    family.run(g, stream);
-  } else {
-    visit_dtype(dtype, [&](auto element) {
-      using T = decltype(element);
-      BatchRowsMatrixOperand<T, true> a{static_cast<const T*>(grad_out.const_data_ptr()), batch_rows_of(grad_out, 0),
-                                        grad_out.stride(-1)};
-      VirtualConcatOperand<T> b{static_cast<const T*>(x.const_data_ptr()), batch_rows_of(x, 1),
-                                VirtualConcatColumns{H, x.stride(0)}};
-      RowMajorStore<T> store{static_cast<T*>(grad_weight.mutable_data_ptr()), R * H, nullptr, 0};
-      launch_generic_gemm<T>(a, b, store, K, R * H, batch_rows_count(grad_out), stream);
-    });
-  }
+  return {grad_weight, g, &pick_family(kGradWeightFamilies, forced, g, op)};
+}
+
+void launch_grad_weight(const PreparedProduct<GradWeightProblem>& prepared, const Tensor& grad_out, const Tensor& x,
+                        cudaStream_t stream) {
+  const GradWeightProblem& g = prepared.problem;
+  if (prepared.family == nullptr) return;
+  if (prepared.family->run != nullptr) return prepared.family->run(g, stream);
+  visit_dtype(g.shards.dtype, [&](auto element) {
+    using T = decltype(element);
+    const int64_t R = g.shards.num_shards;
+    const int64_t H = g.shards.shard_width;
+    BatchRowsMatrixOperand<T, true> a{static_cast<const T*>(grad_out.const_data_ptr()), batch_rows_of(grad_out, 0),
+                                      grad_out.stride(-1)};
+    VirtualConcatOperand<T> b{static_cast<const T*>(x.const_data_ptr()), batch_rows_of(x, 1),
+                              VirtualConcatColumns{H, x.stride(0)}};
+    RowMajorStore<T> store{static_cast<T*>(g.grad_weight), R * H, nullptr, 0};
+    launch_generic_gemm<T>(a, b, store, g.shards.out_features, R * H, batch_rows_count(grad_out), stream);
+  });
+}
+
+Tensor grad_x_impl(const Tensor& grad_out, const Tensor& weight, int64_t num_shards, const std::optional<Tensor>& x,
+                   const std::string& forced) {
+  constexpr const char* op = "gather_concat_linear_grad_x";
+  check_grad_x_args(grad_out, weight, num_shards, x, op);
+  const int32_t device_index = grad_out.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device_index);
+  LaunchWorkspace workspace(device_index);
+  const auto grad_x = prepare_grad_x(grad_out, weight, num_shards, x, forced, workspace, op);
+  launch_grad_x(grad_x, grad_out, weight, current_stream(device_index));
   check_launch(op);
-  return grad_weight;
+  return grad_x.output;
+}
+
+Tensor grad_weight_impl(const Tensor& grad_out, const Tensor& x, const std::string& forced) {
+  constexpr const char* op = "gather_concat_linear_grad_weight";
+  check_grad_weight_args(grad_out, x, op);
+  const int32_t device_index = x.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device_index);
+  LaunchWorkspace workspace(device_index);
+  const auto grad_weight = prepare_grad_weight(grad_out, x, forced, workspace, op);
+  launch_grad_weight(grad_weight, grad_out, x, current_stream(device_index));
+  check_launch(op);
+  return grad_weight.output;
 }
 
 Tensor grad_x_cuda(Tensor grad_out, Tensor weight, int64_t num_shards, std::optional<Tensor> x) {
   return grad_x_impl(grad_out, weight, num_shards, x, "");
 }
 Tensor grad_weight_cuda(Tensor grad_out, Tensor x) { return grad_weight_impl(grad_out, x, ""); }
+
+// Both products of one backward, grad_x then grad_weight, in one op. grad_weight reads grad_out
+// and x only, neither of which grad_x writes, so when both run on the GEMM core (whose kernels
+// launch programmatically, launch.cuh) grad_weight starts while grad_x's last wave finishes,
+// on the SMs that wave leaves idle, and waits for grad_x only before it exits. That is safe
+// because:
+//  - grad_x's kernels release the next one only after their own wait for the kernel before them
+//    (ptx.cuh), so grad_out's producer is complete when grad_weight starts;
+//  - grad_weight's completion implies grad_x's (it waits before it exits), and the kernels after
+//    this op wait for grad_weight's grid alone;
+//  - nothing else runs between them, and nothing grad_x's kernels use is released to the
+//    allocator until both are queued: both outputs are allocated before either launch, and both
+//    products' workspaces are held by one LaunchWorkspace until this op returns. So grad_weight's
+//    stores land in memory no running kernel reads.
+std::tuple<Tensor, Tensor> backward_impl(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                         const std::string& grad_x_forced, const std::string& grad_weight_forced) {
+  constexpr const char* op = "gather_concat_linear_backward";
+  check_grad_weight_args(grad_out, x, op);  // (first: it checks x's dims, which the next one reads)
+  check_grad_x_args(grad_out, weight, x.size(0), x, op);
+  const int32_t device_index = x.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device_index);
+  LaunchWorkspace workspace(device_index);
+  const auto grad_x = prepare_grad_x(grad_out, weight, x.size(0), x, grad_x_forced, workspace, op);
+  auto grad_weight = prepare_grad_weight(grad_out, x, grad_weight_forced, workspace, op);
+  const cudaStream_t stream = current_stream(device_index);
+  launch_grad_x(grad_x, grad_out, weight, stream);
+  grad_weight.problem.overlaps_previous_grid = grad_x.family != nullptr && grad_x.family->run == sm90_grad_input &&
+                                               grad_weight.family != nullptr &&
+                                               grad_weight.family->run == sm90_grad_weight;
+  launch_grad_weight(grad_weight, grad_out, x, stream);
+  check_launch(op);
+  return {grad_x.output, grad_weight.output};
+}
+
+std::tuple<Tensor, Tensor> backward_cuda(Tensor grad_out, Tensor x, Tensor weight) {
+  return backward_impl(grad_out, x, weight, "", "");
+}
 
 // Tests and benchmarks force one family ("sm90_gemm", "sm90_gemm/n128/s4", "sm90_tf32x3", "generic").
 Tensor grad_x_family_cuda(Tensor grad_out, Tensor weight, int64_t num_shards, std::string family,
@@ -282,6 +361,10 @@ Tensor grad_x_family_cuda(Tensor grad_out, Tensor weight, int64_t num_shards, st
 Tensor grad_weight_family_cuda(Tensor grad_out, Tensor x, std::string family) {
   return grad_weight_impl(grad_out, x, family);
 }
+std::tuple<Tensor, Tensor> backward_family_cuda(Tensor grad_out, Tensor x, Tensor weight, std::string grad_x_family,
+                                                std::string grad_weight_family) {
+  return backward_impl(grad_out, x, weight, grad_x_family, grad_weight_family);
+}
 
 }  // namespace
 }  // namespace vga
@@ -289,6 +372,8 @@ Tensor grad_weight_family_cuda(Tensor grad_out, Tensor x, std::string family) {
 STABLE_TORCH_LIBRARY_IMPL(vga, CUDA, m) {
   m.impl("gather_concat_linear_grad_x", TORCH_BOX(&vga::grad_x_cuda));
   m.impl("gather_concat_linear_grad_weight", TORCH_BOX(&vga::grad_weight_cuda));
+  m.impl("gather_concat_linear_backward", TORCH_BOX(&vga::backward_cuda));
   m.impl("_gather_concat_linear_grad_x_family", TORCH_BOX(&vga::grad_x_family_cuda));
   m.impl("_gather_concat_linear_grad_weight_family", TORCH_BOX(&vga::grad_weight_family_cuda));
+  m.impl("_gather_concat_linear_backward_family", TORCH_BOX(&vga::backward_family_cuda));
 }

@@ -176,6 +176,50 @@ def test_opcheck_backward_ops(device):
                  torch.randn(3, 4, 16, device=device, dtype=torch.float64)[..., :8]):
         torch.library.opcheck(torch.ops.vga.gather_concat_linear_grad_x.default, (grad_out, weight, 3, like))
     torch.library.opcheck(torch.ops.vga.gather_concat_linear_grad_weight.default, (grad_out, x))
+    for like in (x, torch.randn(4, 3, 8, device=device, dtype=torch.float64).transpose(0, 1),
+                 torch.randn(3, 4, 16, device=device, dtype=torch.float64)[..., :8]):
+        torch.library.opcheck(torch.ops.vga.gather_concat_linear_backward.default, (grad_out, like, weight))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_op_returns_what_its_two_products_do(device):
+    for layout, batch in (("contiguous", (6,)), ("sdpa", (2, 5)), ("padded", (7,))):
+        x = make_x(3, batch, 8, torch.float64, device, layout)
+        weight = make_params(3, 8, 5, torch.float64, device, bias=False)[0]
+        grad_out = torch.randn(*batch, 5, dtype=torch.float64, device=device)
+        grad_x, grad_weight = torch.ops.vga.gather_concat_linear_backward(grad_out, x, weight)
+        alone = torch.ops.vga.gather_concat_linear_grad_x(grad_out, weight, 3, x)
+        assert grad_x.stride() == alone.stride() and torch.equal(grad_x, alone)
+        assert torch.equal(grad_weight, torch.ops.vga.gather_concat_linear_grad_weight(grad_out, x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_op_bad_input_names_the_op(device):
+    grad_out = torch.randn(4, 5, device=device)
+    weight = torch.randn(5, 3 * 8, device=device)
+    cases = [("gather_concat_linear_backward: x must be \\(R, \\*batch, H\\) with the batch dims of grad_out",
+              (grad_out, torch.randn(3, 6, 8, device=device), weight)),
+             ("gather_concat_linear_backward: x must be \\(R, \\*batch, H\\)", (grad_out, torch.randn(3, 8, device=device), weight)),
+             ("gather_concat_linear_backward: grad_out must be", (grad_out[0], torch.randn(3, 4, 8, device=device), weight)),
+             ("gather_concat_linear_backward: x must be \\(num_shards", (grad_out, torch.randn(3, 4, 7, device=device), weight))]
+    for pattern, args in cases:
+        with pytest.raises(RuntimeError, match=pattern):
+            torch.ops.vga.gather_concat_linear_backward(*args)
+
+
+@pytest.mark.parametrize("needs", [("x", "weight"), ("x",), ("weight",)])
+def test_autograd_runs_both_products_in_one_op_when_both_are_needed(needs):
+    x = make_x(3, (4,), 8, torch.float32, "cpu").requires_grad_("x" in needs)
+    weight, bias = make_params(3, 8, 5, torch.float32, "cpu")
+    weight.requires_grad_("weight" in needs)
+    bias.requires_grad_()
+    out = vga_linear.gather_concat_linear(x, weight, bias)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out.sum().backward()
+    ran = {e.key.removeprefix("vga::") for e in prof.key_averages() if e.key.startswith("vga::")}
+    expected = ({"gather_concat_linear_backward"} if len(needs) == 2 else
+                {"gather_concat_linear_grad_x"} if needs == ("x",) else {"gather_concat_linear_grad_weight"})
+    assert ran == expected, ran
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -4,7 +4,9 @@ is complete. The chains make the next op read the previous op's output (as x, th
 producer's copies, and as bias, through its consumers' loads) or write where the previous op is
 still reading, on grids small enough that the next kernel's CTAs start on idle SMs at once; a
 deliberately slow predecessor that lets its dependents start at its beginning makes a missing
-wait fail every time rather than by timing."""
+wait fail every time rather than by timing. The backward op starts grad_weight without waiting
+for grad_x: grad_weight must still read grad_out complete, and the kernel after it must still see
+grad_x complete."""
 
 import os
 import subprocess
@@ -123,18 +125,18 @@ def test_chain_in_a_cuda_graph(family, rows):
         assert_chain_close(x, weights, first_bias, outs)
 
 
-@pytest.mark.parametrize("family,rows", CHAINS, ids=str)
-def test_after_a_slow_predecessor_that_releases_its_dependents_at_once(family, rows):
-    # A one-program Triton kernel lets the next kernel be scheduled at its start, then writes x and
-    # the bias one slice at a time (hundreds of microseconds): the op launched behind it reads
-    # NaN wherever it does not wait for it.
+@pytest.fixture
+def slow_copy():
+    """A one-program Triton kernel that lets the next kernel be scheduled at its start, then copies
+    src to dst (and bias_src to bias_dst) one slice at a time (hundreds of microseconds): a kernel
+    launched behind it reads NaN wherever it does not wait for it."""
     triton = pytest.importorskip("triton")
     tl = pytest.importorskip("triton.language")
     if not hasattr(tl.extra.cuda, "gdc_launch_dependents"):
         pytest.skip(f"triton {triton.__version__} has no gdc_launch_dependents")
 
     @triton.jit
-    def slow_copy(src, dst, n, bias_src, bias_dst, k, BLOCK: tl.constexpr):
+    def copy(src, dst, n, bias_src, bias_dst, k, BLOCK: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
         for start in range(0, n, BLOCK):
             offsets = start + tl.arange(0, BLOCK)
@@ -143,15 +145,84 @@ def test_after_a_slow_predecessor_that_releases_its_dependents_at_once(family, r
             offsets = start + tl.arange(0, BLOCK)
             tl.store(bias_dst + offsets, tl.load(bias_src + offsets, mask=offsets < k), mask=offsets < k)
 
+    def launch(src, dst, bias_src=None, bias_dst=None):
+        if bias_src is None:
+            bias_src = bias_dst = src[:0]
+        copy[(1,)](src, dst, dst.numel(), bias_src, bias_dst, bias_dst.numel(), BLOCK=64)
+
+    return launch
+
+
+@pytest.mark.parametrize("family,rows", CHAINS, ids=str)
+def test_after_a_slow_predecessor_that_releases_its_dependents_at_once(family, rows, slow_copy):
     weight, bias = make_params(R, H, R * H, torch.bfloat16, "cuda")
     for _ in range(3):
         source = make_x(R, (rows,), H, torch.bfloat16, "cuda")
         x = torch.full_like(source, float("nan"))
         b = torch.full_like(bias, float("nan"))
-        slow_copy[(1,)](source, x, x.numel(), bias, b, b.numel(), BLOCK=64)
+        slow_copy(source, x, bias, b)
         out = run(x, weight, b, family)
         torch.cuda.synchronize()
         assert_close_to_float64(out, source, weight, bias)
+
+
+# The backward op (gather_concat_linear_backward) starts grad_weight without waiting for grad_x: its
+# forced configurations here end grad_x with the core, the grid split's sum and the in-cluster sum.
+BACKWARD_PAIRS = [("sm90_gemm", "sm90_gemm"), ("sm90_gemm/n128/s2", "sm90_gemm/n128/s2"),
+                  ("sm90_gemm/n64/c2", "sm90_gemm/n64/c4")]
+
+
+def grads64(grad_out, x, weight):
+    g = grad_out.double()
+    return (vga_linear.ops._grad_x_reference(g, weight.double(), x.shape[0], x.double()),
+            vga_linear.ops._grad_weight_reference(g, x.double()))
+
+
+def assert_grads_close(got, ref):
+    for out, expected in zip(got, ref):
+        assert not out.isnan().any(), "read before its producer wrote it"
+        torch.testing.assert_close(out.double(), expected, atol=2e-2 * expected.abs().mean().item(), rtol=2e-2)
+
+
+@pytest.mark.parametrize("pair", BACKWARD_PAIRS, ids=str)
+def test_backward_op_after_a_slow_predecessor(pair, slow_copy):
+    # grad_out is written slowly by a kernel that releases its dependents at once. grad_x waits for
+    # it and releases grad_weight only after that wait, so grad_weight, which does not wait for
+    # grad_x, still reads grad_out complete. The products are small: grad_weight's CTAs would find
+    # idle SMs at once if it were released early.
+    rows, K = 200, 256
+    x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
+    weight = make_params(R, H, K, torch.bfloat16, "cuda", bias=False)[0]
+    for _ in range(3):
+        source = torch.randn(rows, K, dtype=torch.bfloat16, device="cuda")
+        grad_out = torch.full_like(source, float("nan"))
+        slow_copy(source, grad_out)
+        got = torch.ops.vga._gather_concat_linear_backward_family(grad_out, x, weight, *pair)
+        torch.cuda.synchronize()
+        assert_grads_close(got, grads64(source, x, weight))
+
+
+def test_the_op_after_the_backward_reads_grad_x_complete():
+    # grad_x forced slow (two CTAs, each a 256-k-block reduction: tens of microseconds) and
+    # grad_weight fast (128 short tiles on the SMs grad_x leaves idle, started without waiting for
+    # grad_x): grad_weight's tiles are done long before grad_x. The forward launched behind it waits
+    # for grad_weight's grid alone and reads grad_x, so grad_weight must not complete before grad_x
+    # does (it waits for it before it exits); grad_x's block is poisoned first, so a read ahead of
+    # grad_x's stores sees NaN.
+    rows, K, K_next = 128, 16384, 64
+    x = make_x(2, (rows,), H, torch.bfloat16, "cuda")
+    weight = make_params(2, H, K, torch.bfloat16, "cuda", bias=False)[0]
+    next_weight, next_bias = make_params(2, H, K_next, torch.bfloat16, "cuda")
+    for _ in range(3):
+        grad_out = torch.randn(rows, K, dtype=torch.bfloat16, device="cuda")
+        poison = torch.full(x.shape, float("nan"), dtype=x.dtype, device="cuda")
+        del poison  # grad_x's allocation most likely takes this block
+        grad_x, grad_w = torch.ops.vga._gather_concat_linear_backward_family(
+            grad_out, x, weight, "sm90_gemm/n64/s1", "sm90_gemm/n128/s1")
+        out = torch.ops.vga._gather_concat_linear_family(grad_x, next_weight, next_bias, "sm90_gemm")  # (launched programmatically)
+        torch.cuda.synchronize()
+        assert_grads_close((grad_x, grad_w), grads64(grad_out, x, weight))
+        assert_close_to_float64(out, grad_x, next_weight, next_bias)
 
 
 def test_two_layers_backward():
@@ -184,7 +255,7 @@ _CHILD = """
 import sys, torch
 sys.path.insert(0, sys.argv[2])
 import vga_linear
-from test_programmatic_launch import CHAINS, R, H, chain, chain_params
+from test_programmatic_launch import BACKWARD_PAIRS, CHAINS, R, H, chain, chain_params
 from utils import make_x
 torch.manual_seed(0)
 out = {}
@@ -192,6 +263,11 @@ for family, rows in CHAINS:
     weights, first_bias = chain_params(3)
     x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
     out[str(family)] = [y.cpu() for y in chain(x, weights, first_bias, family)]
+for pair in BACKWARD_PAIRS:
+    weight = chain_params(1)[0][0]
+    x = make_x(R, (300,), H, torch.bfloat16, "cuda")
+    grad_out = torch.randn(300, R * H, dtype=torch.bfloat16, device="cuda")
+    out[str(pair)] = [t.cpu() for t in torch.ops.vga._gather_concat_linear_backward_family(grad_out, x, weight, *pair)]
 torch.save(out, sys.argv[1])
 """
 

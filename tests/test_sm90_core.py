@@ -1,13 +1,15 @@
 """The Hopper GEMM core (csrc/kernels/sm90/): every configuration of the forward (both orientations),
 grad_x and grad_weight products forced through the private family ops against a float64 reference, on
 fresh random inputs, poisoned outputs, tails in every dim, strided and 4-D x; refusals; bitwise
-determinism; the grad_x layout; CUDA-graph capture of both split reductions."""
+determinism; the grad_x layout; CUDA-graph capture of both split reductions; the backward op that runs
+both products (grad_weight overlapping grad_x) against the two alone."""
 
 import pytest
 import torch
 
 import vga_linear
-from utils import TWO_GPUS, make_params, make_x, misaligned, poison_next_output, run_op, assert_close_to_float64
+from utils import (TWO_GPUS, assert_close_to_float64, make_params, make_x, misaligned, poison_next_output,
+                   poison_next_outputs, run_op)
 
 pytestmark = pytest.mark.cuda
 
@@ -75,6 +77,12 @@ def _grad_weight(grad_out, x, family):
     return torch.ops.vga._gather_concat_linear_grad_weight_family(grad_out, x, family)
 
 
+def _backward(grad_out, x, w, grad_x_family, grad_weight_family):
+    """Both products by the backward op (grad_weight may start while grad_x finishes)."""
+    poison_next_outputs([(grad_out.shape[:-1].numel(), w.shape[1]), tuple(w.shape)], grad_out.dtype, grad_out.device)
+    return torch.ops.vga._gather_concat_linear_backward_family(grad_out, x, w, grad_x_family, grad_weight_family)
+
+
 @pytest.mark.parametrize("config", CONFIGS + TOKEN_CONFIGS)
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
 @pytest.mark.parametrize("shape", FORWARD_SHAPES, ids=str)
@@ -107,6 +115,32 @@ def test_backward_configs(config, dtype, shape, layout):
     grad_w = _grad_weight(grad_out, x, config)
     assert grad_w.shape == w.shape and grad_w.is_contiguous()
     _assert_close_scaled(grad_w, ref_w, dtype)
+
+
+# (grad_x's family, grad_weight's): grad_weight overlaps grad_x where both run on the core, after
+# grad_x's last kernel of each kind: the core itself, the grid split's sum (s), the in-cluster sum (c);
+# and the pairs where one product runs elsewhere, which launch one after the other.
+BACKWARD_PAIRS = [("sm90_gemm", "sm90_gemm"), ("sm90_gemm/n128/s3", "sm90_gemm/n64/c4"),
+                  ("sm90_gemm/n256/c2", "sm90_gemm/n128/s5"), ("sm90_gemm/n64", "sm90_gemm/n256"),
+                  ("generic", "sm90_gemm"), ("sm90_gemm/n128/s2", "generic")]
+
+
+@pytest.mark.parametrize("pair", BACKWARD_PAIRS, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_backward_op_gives_the_bits_of_its_two_products(pair, shape, layout):
+    R, batch, H, K = shape
+    dtype = torch.bfloat16
+    x = make_x(R, batch, H, dtype, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
+    w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
+    grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
+    grad_x, grad_w = _backward(grad_out, x, w, *pair)
+    ref_x, ref_w = _reference_grads(grad_out, x, w)
+    _assert_close_scaled(grad_x, ref_x, dtype)
+    _assert_close_scaled(grad_w, ref_w, dtype)
+    alone_x = _grad_x(grad_out, w, R, pair[0], x)
+    assert grad_x.stride() == alone_x.stride() and torch.equal(grad_x, alone_x)
+    assert torch.equal(grad_w, _grad_weight(grad_out, x, pair[1]))
 
 
 @pytest.mark.parametrize("batch", [(5, 7), (64,)])
@@ -186,6 +220,8 @@ def test_gradients_are_bitwise_deterministic(config):
         again = (_grad_x(g, w, R, config), _grad_weight(g, x, config), run_op(x, w, None, config))
         for a, b in zip(first, again):
             assert torch.equal(a, b)
+        for a, b in zip(first, _backward(g, x, w, config, config)):  # (grad_weight overlapping grad_x)
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("config", ["sm90_gemm/n128/s8", "sm90_gemm/n128/c8"])
@@ -199,13 +235,17 @@ def test_split_reductions_under_cuda_graph_capture(config):
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         _grad_weight(g, x, config)  # warm-up outside the capture
+        _backward(g, x, w, config, config)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    eager_x = _grad_x(g, w, R, config, x).clone()
     with torch.cuda.graph(graph):
         captured = torch.ops.vga._gather_concat_linear_grad_weight_family(g, x, config)
+        both = torch.ops.vga._gather_concat_linear_backward_family(g, x, w, config, config)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+    assert torch.equal(both[0], eager_x) and torch.equal(both[1], eager)
 
 
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)

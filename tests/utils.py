@@ -95,9 +95,16 @@ def poison_next_output(shape, dtype, device):
     """Leave a NaN-filled block of the output's size in torch's caching allocator, so the
     op's own output allocation most likely reuses it: an element a kernel fails to write
     then shows up as NaN instead of as a stale plausible value."""
+    poison_next_outputs([shape], dtype, device)
+
+
+def poison_next_outputs(shapes, dtype, device):
+    """poison_next_output for an op with several outputs: the blocks are all held at once before
+    they are freed, so that each output's allocation finds its own."""
     if torch.device(device).type != "cuda":
         return
-    torch.full(shape, POISON, dtype=dtype, device=device)  # freed at once, cached
+    blocks = [torch.full(shape, POISON, dtype=dtype, device=device) for shape in shapes]
+    del blocks  # freed, cached
 
 
 def run_op(x, weight, bias, family=None):

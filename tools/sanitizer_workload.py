@@ -5,8 +5,8 @@
 
 Each kernel family (or only those named, with a forced GEMM-core configuration such as
 sm90_gemm/n128/c8) is forced on shapes with tails in every dimension, with and without bias,
-for the forward and, where the family has them, the grad_x and grad_weight products; then the
-autograd backward runs. Every result is checked against the float64 reference, so a clean
+for the forward and, where the family has them, the grad_x and grad_weight products, alone and
+by the backward op; then the autograd backward runs. Every result is checked against the float64 reference, so a clean
 sanitizer report comes with a correct answer. The last shapes give sm90_gemm more tiles than
 there are SMs (each CTA reuses its shared-memory state) and the skinny families a split-K cluster.
 --quick (racecheck is ~100x slower than memcheck): the first six shapes (80- and 96-wide heads
@@ -44,9 +44,12 @@ def _check_backward(g, x, w, family):
     # grad_x in x's layout, as autograd asks: the workload's x (the transpose of a (B, R, H) tensor, whose
     # strides are the concat's) and a contiguous copy (shard-major: the scattering stores)
     grad_x_op = torch.ops.vga._gather_concat_linear_grad_x_family
+    # and both products by the backward op, grad_weight started while grad_x finishes
+    both = _forced(torch.ops.vga._gather_concat_linear_backward_family, g, x, w, family, family) or (None, None)
     for got, ref in ((_forced(grad_x_op, g, w, R, family, x), ref_x),
                      (_forced(grad_x_op, g, w, R, family, x.contiguous()), ref_x),
-                     (_forced(torch.ops.vga._gather_concat_linear_grad_weight_family, g, x, family), ref_w)):
+                     (_forced(torch.ops.vga._gather_concat_linear_grad_weight_family, g, x, family), ref_w),
+                     (both[0], ref_x), (both[1], ref_w)):
         if got is not None:
             scale = max(ref.abs().max().item(), 1e-6)
             assert (got.double() - ref).abs().max().item() <= 4 * TOLERANCE[g.dtype] * scale, family

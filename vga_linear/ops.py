@@ -8,7 +8,9 @@ defines the schemas itself when ``_C`` did not load, and registers, either way:
 - fake (meta) implementations with ``torch._check`` on every shape relation, so
   torch.compile traces the ops with static or dynamic shapes;
 - autograd: grad_x and grad_weight are ops of their own (CUDA kernels when ``_C`` is
-  loaded), grad_bias is a column sum.
+  loaded), and so are both together (gather_concat_linear_backward, which autograd calls when
+  x and weight both need a gradient: on Hopper it starts grad_weight while grad_x finishes);
+  grad_bias is a column sum.
 
 Argument errors read the same on every device; csrc/gather_concat_linear.cu words them alike.
 """
@@ -24,6 +26,7 @@ SCHEMAS = {
     "gather_concat_linear": "(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
     "gather_concat_linear_grad_x": "(Tensor grad_out, Tensor weight, int num_shards, Tensor? x=None) -> Tensor",
     "gather_concat_linear_grad_weight": "(Tensor grad_out, Tensor x) -> Tensor",
+    "gather_concat_linear_backward": "(Tensor grad_out, Tensor x, Tensor weight) -> (Tensor grad_x, Tensor grad_weight)",
 }
 
 
@@ -170,32 +173,62 @@ def _empty_in_layout_of(x: Tensor, like: Tensor) -> Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=like.dtype, device=like.device)
 
 
-def _check_grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None) -> None:
+def _check_grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> None:
     if x is not None:
         torch._check(x.dim() == grad_out.dim() + 1 and x.shape[0] == num_shards
                      and x.shape[-1] * num_shards == weight.shape[1]
                      and all(x.shape[d + 1] == grad_out.shape[d] for d in range(grad_out.dim() - 1)),
-                     lambda: "gather_concat_linear_grad_x: x must be (num_shards, *grad_out.shape[:-1], H) = the "
+                     lambda: f"{op}: x must be (num_shards, *grad_out.shape[:-1], H) = the "
                              f"forward's input, got {tuple(x.shape)}")
 
 
-def _grad_x_reference(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None = None) -> Tensor:
-    _check_grad_out(grad_out, "gather_concat_linear_grad_x")
-    _check_grad_x_like(grad_out, weight, num_shards, x)
+def _check_grad_weight_args(grad_out: Tensor, x: Tensor, op: str) -> None:
+    _check_grad_out(grad_out, op)
+
+    def message():
+        return (f"{op}: x must be (R, *batch, H) with the batch dims of grad_out (*batch, K), "
+                f"got x {tuple(x.shape)} and grad_out {tuple(grad_out.shape)}")
+
+    torch._check(x.dim() == grad_out.dim() + 1, message)
+    for d in range(grad_out.dim() - 1):  # (one check each: symbolic sizes are not branched on)
+        torch._check(x.shape[d + 1] == grad_out.shape[d], message)
+
+
+# The backward op's parts, with the name of the op that checks its arguments.
+
+
+def _grad_x_of(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> Tensor:
+    _check_grad_out(grad_out, op)
+    _check_grad_x_like(grad_out, weight, num_shards, x, op)
     grad_x = shards_of_concat((grad_out @ weight).contiguous(), num_shards)
     return _empty_in_layout_of(x, grad_x).copy_(grad_x) if takes_x_layout(x) else grad_x
 
 
-def _grad_weight_reference(grad_out: Tensor, x: Tensor) -> Tensor:
-    _check_grad_out(grad_out, "gather_concat_linear_grad_weight")
+def _grad_weight_of(grad_out: Tensor, x: Tensor, op: str) -> Tensor:
+    _check_grad_weight_args(grad_out, x, op)
     from .reference import concat_shards
 
     return grad_out.flatten(0, -2).mT @ concat_shards(x).flatten(0, -2)
 
 
+def _grad_x_reference(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None = None) -> Tensor:
+    return _grad_x_of(grad_out, weight, num_shards, x, "gather_concat_linear_grad_x")
+
+
+def _grad_weight_reference(grad_out: Tensor, x: Tensor) -> Tensor:
+    return _grad_weight_of(grad_out, x, "gather_concat_linear_grad_weight")
+
+
+def _backward_reference(grad_out: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    op = "gather_concat_linear_backward"
+    grad_weight = _grad_weight_of(grad_out, x, op)  # (first: it checks x's dims, which grad_x's shape reads)
+    return _grad_x_of(grad_out, weight, x.shape[0], x, op), grad_weight
+
+
 _lib.impl("gather_concat_linear", _forward_reference, "CompositeExplicitAutograd")
 _lib.impl("gather_concat_linear_grad_x", _grad_x_reference, "CompositeExplicitAutograd")
 _lib.impl("gather_concat_linear_grad_weight", _grad_weight_reference, "CompositeExplicitAutograd")
+_lib.impl("gather_concat_linear_backward", _backward_reference, "CompositeExplicitAutograd")
 
 
 # Fake (meta) kernels: shapes only, every relation stated with torch._check.
@@ -207,24 +240,36 @@ def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     return x.new_empty((*x.shape[1:-1], weight.shape[0]))
 
 
-@torch.library.register_fake("vga::gather_concat_linear_grad_x")
-def _grad_x_fake(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None = None) -> Tensor:
-    _check_grad_out(grad_out, "gather_concat_linear_grad_x")
+def _grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> Tensor:
+    _check_grad_out(grad_out, op)
     torch._check(weight.shape[0] == grad_out.shape[-1])
     torch._check(weight.shape[1] % num_shards == 0)
-    _check_grad_x_like(grad_out, weight, num_shards, x)
+    _check_grad_x_like(grad_out, weight, num_shards, x, op)
     if takes_x_layout(x):
         return _empty_in_layout_of(x, grad_out)
     return shards_of_concat(grad_out.new_empty((*grad_out.shape[:-1], weight.shape[1])), num_shards)
 
 
+def _grad_weight_like(grad_out: Tensor, x: Tensor, op: str) -> Tensor:
+    _check_grad_weight_args(grad_out, x, op)
+    return x.new_empty((grad_out.shape[-1], x.shape[0] * x.shape[-1]))
+
+
+@torch.library.register_fake("vga::gather_concat_linear_grad_x")
+def _grad_x_fake(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None = None) -> Tensor:
+    return _grad_x_like(grad_out, weight, num_shards, x, "gather_concat_linear_grad_x")
+
+
 @torch.library.register_fake("vga::gather_concat_linear_grad_weight")
 def _grad_weight_fake(grad_out: Tensor, x: Tensor) -> Tensor:
-    _check_grad_out(grad_out, "gather_concat_linear_grad_weight")
-    torch._check(x.dim() == grad_out.dim() + 1)
-    for d in range(grad_out.dim() - 1):
-        torch._check(x.shape[d + 1] == grad_out.shape[d])
-    return x.new_empty((grad_out.shape[-1], x.shape[0] * x.shape[-1]))
+    return _grad_weight_like(grad_out, x, "gather_concat_linear_grad_weight")
+
+
+@torch.library.register_fake("vga::gather_concat_linear_backward")
+def _backward_fake(grad_out: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    op = "gather_concat_linear_backward"
+    grad_weight = _grad_weight_like(grad_out, x, op)
+    return _grad_x_like(grad_out, weight, x.shape[0], x, op), grad_weight
 
 
 # Autograd.
@@ -241,9 +286,11 @@ def _backward(ctx, grad_out):
     x, weight = ctx.saved_tensors
     grad_x = grad_weight = grad_bias = None
     grad_out = grad_out.contiguous()  # e.g. the stride-0 gradient of .sum(); a no-op otherwise
-    if ctx.needs_input_grad[0]:
+    if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
+        grad_x, grad_weight = torch.ops.vga.gather_concat_linear_backward(grad_out, x, weight)
+    elif ctx.needs_input_grad[0]:
         grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, weight, ctx.num_shards, x)
-    if ctx.needs_input_grad[1]:
+    elif ctx.needs_input_grad[1]:
         grad_weight = torch.ops.vga.gather_concat_linear_grad_weight(grad_out, x)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_out.sum(dim=tuple(range(grad_out.dim() - 1)))

@@ -2,7 +2,8 @@
 // kernels that wait for the previous grid before touching memory (sm90::wait_for_previous_grid),
 // programmatic dependent launch. With it a kernel is scheduled while the previous kernel of the
 // stream is finishing (as soon as that one's CTAs have all exited, or all called
-// sm90::allow_next_grid, as the core's, its split sum's and sm90_skinny's do at their start), so
+// sm90::allow_next_grid, as the core's, its split sum's and sm90_skinny's do right after their own
+// wait for the grid before them), so
 // its launch and its barrier setup, tensor-map prefetch and tile walk overlap the previous
 // kernel's end instead of following it. CUDA graphs capture it as a programmatic edge (CUDA 12.3
 // and later, runtime and driver: older ones launch without it). VGA_LINEAR_PDL=0 in the

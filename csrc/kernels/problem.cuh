@@ -127,6 +127,9 @@ struct GradWeightProblem {
   const void* grad_out;
   int64_t grad_out_stride;  // between rows; -1 when its batch dims do not merge or its last dim is strided
   void* grad_weight;        // (K, R*H), contiguous
+  // The previous launches on the stream are this backward's grad_x, on the GEMM core: this product
+  // may start while they finish (sm90/schedule.cuh, CoreArgs::overlaps_previous_grid).
+  bool overlaps_previous_grid;
 };
 
 }  // namespace vga

@@ -97,6 +97,7 @@ inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
   args.out = g.grad_weight;
   args.out_ld = p.reduction();
   args.b_shard_width = make_fast_divisor(span_shards ? static_cast<int>(p.shard_width) : 0);
+  args.overlaps_previous_grid = g.overlaps_previous_grid ? 1 : 0;
   auto x_map_for = [&](int) { return x_map; };
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);

@@ -102,7 +102,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_init(&empty[s], kConsumerThreads / 32);  // one arrival per consumer warp
     }
     fence_barrier_init();
-    allow_next_grid();
   }
   __syncthreads();
 
@@ -119,6 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         prefetch_tensor_map(&w_tail_map);
       }
       wait_for_previous_grid();  // a programmatic launch (launch.cuh): the previous kernel's outputs
+      allow_next_grid();         // (after the wait: ptx.cuh)
       int stage = 0;
       uint32_t phase = 0;
       // The whole k-blocks' (shard, h0), advanced by additions: one division a CTA, none a stage.

@@ -315,10 +315,10 @@ __device__ __forceinline__ void sum_cluster_tile(const float* partial, const flo
 #endif  // VGA_SM90A_DEVICE
 
 // out[i] = sum over splits s = 0, 1, ... of partials[s][i] (+ bias[i % columns]), for the
-// rows x columns output (a programmatic launch: it waits for the previous grid first); one thread a group of 4 elements (the row length is a multiple of 4
-// when `vector` is set), splits added in order. With `scatter` (kGradInput's layout: its shard
-// width nonzero; no bias) element (m, n) goes to out[scatter_row_offset(m) +
-// scatter_column_offset(n)] instead of out[i].
+// rows x columns output (a programmatic launch: it waits for the previous grid first); one
+// thread a group of 4 elements (the row length is a multiple of 4 when `vector` is set), splits
+// added in order. With `scatter` (kGradInput's layout: its shard width nonzero; no bias) element
+// (m, n) goes to out[scatter_row_offset(m) + scatter_column_offset(n)] instead of out[i].
 // `partials` and `bias` are not __restrict__: that would let the compiler read them through the
 // non-coherent path, outside the memory model that wait_for_previous_grid's ordering is part of
 // (the partials are the previous kernel's output).
@@ -328,9 +328,9 @@ __global__ void reduce_partials_kernel(const float* partials, int64_t split_stri
                                        const Element* bias, int64_t bias_stride, int vector,
                                        OutputScatter scatter) {
   // Launched right behind the core kernel whose partials it sums (launch.cuh): it may be scheduled
-  // as that one finishes, and waits for it here.
-  allow_next_grid();
+  // as that one finishes, and waits for it here; then releases the next kernel (ptx.cuh).
   wait_for_previous_grid();
+  allow_next_grid();
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   if (scatter.shard_width.divisor > 0) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {

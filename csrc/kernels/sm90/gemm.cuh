@@ -363,7 +363,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&tails.a);
       prefetch_tensor_map(&tails.b);
     }
-    allow_next_grid();
   }
   // The barriers are initialised (this CTA's and the peer's) before any thread waits on one, any
   // multicast or any remote arrival: every thread arrives here and waits before its first such
@@ -389,7 +388,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (!cluster_ready) {  // the first tile's walk is done: now the barriers are needed
           cluster_wait();
           cluster_ready = true;
-          wait_for_previous_grid();  // and, before the first copy, the previous kernel's outputs
+          // Before the first copy, the previous kernel's outputs (unless this grid reads none of
+          // them: then it waits at its exit instead). Only then is the next kernel released, so
+          // that every grid before this one is complete when the next one starts (ptx.cuh).
+          if (!args.overlaps_previous_grid) wait_for_previous_grid();
+          allow_next_grid();
         }
         // A CTA receives the whole shared operand (its own part and its peer's) and, if its tile
         // exists, its own copy of the other one.
@@ -427,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kInCluster) cluster_sync();  // the consumers' barrier before the sum of the partial tiles
   } else {
     cluster_wait();
-    wait_for_previous_grid();  // (before the bias loads and the stores)
+    if (!args.overlaps_previous_grid) wait_for_previous_grid();  // (before the bias loads and the stores)
     warpgroup_claim_registers<kConsumerRegisters>();
     const int consumer = warpgroup - 1;
     const int thread_in_wg = threadIdx.x % 128;
@@ -531,6 +534,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // With the split in the cluster, no CTA leaves while a peer may still read its partial tile;
   // paired CTAs are held by their producer's wait on the last stages instead.
   if constexpr (kInCluster) cluster_sync();
+  // A grid that overlapped the previous one completes only after it, so that the kernels after
+  // this one, which wait for this grid alone, see that one's outputs too.
+  if (args.overlaps_previous_grid) wait_for_previous_grid();
 #else
   __trap();
 #endif

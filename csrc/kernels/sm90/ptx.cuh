@@ -64,9 +64,12 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 // Lets the next kernel of the stream, if that one is launched with the attribute, be scheduled
-// onto SMs this grid leaves free once every CTA of this grid has called it (the next kernel still
-// waits for this grid's completion before touching memory): a hint that only moves its start
-// earlier. The first call of a CTA counts; more are harmless.
+// onto SMs this grid leaves free once every CTA of this grid has called it or exited (the next
+// kernel still waits for this grid's completion before touching memory): a hint that only moves
+// its start earlier. The first call of a CTA counts; more are harmless. Every kernel here calls it
+// after its own wait_for_previous_grid, never before: so when the next kernel starts, every grid
+// before this one is complete, which is what lets the backward start grad_weight without waiting
+// for grad_x (CoreArgs::overlaps_previous_grid), and keeps at most two grids of a stream in flight.
 __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -128,6 +128,10 @@ struct CoreArgs {
   int x_4d;  // x's view is (H, inner, outer, R)
   OutputScatter scatter;  // kGradInput: where grad_x's rows and columns go (x's layout or the concat)
   int vector_store;  // every 16-byte store of 8 elements is aligned (run_core's conditions, by kind)
+  // The previous kernel of the stream is one this grid neither reads from nor writes what it
+  // reads (the backward's grad_weight right after its grad_x): the grid starts without waiting for
+  // it and waits before it exits instead (gather_concat_linear_backward.cu says when that is safe).
+  int overlaps_previous_grid;
 };
 
 struct TileCoord {
