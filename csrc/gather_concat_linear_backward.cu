@@ -157,7 +157,7 @@ void check_grad_weight_args(const Tensor& grad_out, const Tensor& x, const char*
 }
 
 // A backward product with its output allocated and its family chosen, not yet queued: the
-// backward op allocates both products' outputs before it queues either (see backward_cuda).
+// backward op allocates both products' outputs before it queues either (see backward_impl).
 template <typename Problem>
 struct PreparedProduct {
   Tensor output;
@@ -321,14 +321,17 @@ Tensor grad_weight_cuda(Tensor grad_out, Tensor x) { return grad_weight_impl(gra
 // launch programmatically, launch.cuh) grad_weight starts while grad_x's last wave finishes,
 // on the SMs that wave leaves idle, and waits for grad_x only before it exits. That is safe
 // because:
-//  - grad_x's kernels release the next one only after their own wait for the kernel before them
-//    (ptx.cuh), so grad_out's producer is complete when grad_weight starts;
+//  - grad_x's first kernel releases the next one only after its own wait for the kernel before it
+//    (ptx.cuh), so grad_out's producer, and every kernel before it, is complete when grad_weight
+//    starts (the producer's writes are complete and flushed then; grad_weight reads them through
+//    TMA, from L2);
 //  - grad_weight's completion implies grad_x's (it waits before it exits), and the kernels after
 //    this op wait for grad_weight's grid alone;
-//  - nothing else runs between them, and nothing grad_x's kernels use is released to the
-//    allocator until both are queued: both outputs are allocated before either launch, and both
-//    products' workspaces are held by one LaunchWorkspace until this op returns. So grad_weight's
-//    stores land in memory no running kernel reads.
+//  - nothing is queued between the two: both outputs and grad_weight's split partials are allocated
+//    before grad_x is queued (an allocation may queue a kernel: torch's deterministic mode fills
+//    new memory), and nothing grad_x's kernels use is released to the allocator before this op
+//    returns (its outputs and workspace are held until then). So grad_weight's stores land in
+//    memory no running kernel reads or writes.
 std::tuple<Tensor, Tensor> backward_impl(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                                          const std::string& grad_x_forced, const std::string& grad_weight_forced) {
   constexpr const char* op = "gather_concat_linear_backward";
@@ -336,14 +339,19 @@ std::tuple<Tensor, Tensor> backward_impl(const Tensor& grad_out, const Tensor& x
   check_grad_x_args(grad_out, weight, x.size(0), x, op);
   const int32_t device_index = x.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device_index);
-  LaunchWorkspace workspace(device_index);
-  const auto grad_x = prepare_grad_x(grad_out, weight, x.size(0), x, grad_x_forced, workspace, op);
-  auto grad_weight = prepare_grad_weight(grad_out, x, grad_weight_forced, workspace, op);
+  LaunchWorkspace grad_x_workspace(device_index);
+  LaunchWorkspace grad_weight_workspace(device_index);
+  const auto grad_x = prepare_grad_x(grad_out, weight, x.size(0), x, grad_x_forced, grad_x_workspace, op);
+  auto grad_weight = prepare_grad_weight(grad_out, x, grad_weight_forced, grad_weight_workspace, op);
+  const bool overlap = grad_x.family != nullptr && grad_x.family->run == sm90_grad_input &&
+                       grad_weight.family != nullptr && grad_weight.family->run == sm90_grad_weight;
+  if (overlap) {
+    grad_weight.problem.overlaps_previous_grid = true;
+    grad_weight_workspace.allocate_ahead(sm90_grad_weight_workspace_bytes(grad_weight.problem));
+  }
   const cudaStream_t stream = current_stream(device_index);
   launch_grad_x(grad_x, grad_out, weight, stream);
-  grad_weight.problem.overlaps_previous_grid = grad_x.family != nullptr && grad_x.family->run == sm90_grad_input &&
-                                               grad_weight.family != nullptr &&
-                                               grad_weight.family->run == sm90_grad_weight;
+  check_launch(op);  // (a failed grad_x must not leave grad_weight reading grad_out unsynchronised)
   launch_grad_weight(grad_weight, grad_out, x, stream);
   check_launch(op);
   return {grad_x.output, grad_weight.output};

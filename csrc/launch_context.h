@@ -13,6 +13,7 @@
 #include <vector>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "kernels/problem.cuh"
 
@@ -167,9 +168,21 @@ class LaunchWorkspace {
   explicit LaunchWorkspace(int32_t device_index) : device_index_(device_index) {}
   WorkspaceRequest request() { return WorkspaceRequest{&LaunchWorkspace::allocate, this}; }
 
+  // Allocates `bytes` now (none when 0) for this workspace's first request, which must ask for
+  // exactly that: for a launch that must not allocate when it is queued (an allocation may queue
+  // a kernel of its own: torch's deterministic mode fills new memory).
+  void allocate_ahead(int64_t bytes) {
+    if (bytes > 0) ahead_ = allocate(this, bytes), ahead_bytes_ = bytes;
+  }
+
  private:
   static void* allocate(void* context, int64_t bytes) {
     auto* self = static_cast<LaunchWorkspace*>(context);
+    if (self->ahead_ != nullptr) {
+      STD_TORCH_CHECK(bytes == self->ahead_bytes_, "vga: a launch asked for ", bytes,
+                      " workspace bytes where ", self->ahead_bytes_, " were allocated ahead for it");
+      return std::exchange(self->ahead_, nullptr);
+    }
     const int64_t sizes[1] = {bytes};
     const int64_t strides[1] = {1};
     AtenTensorHandle handle = nullptr;
@@ -183,6 +196,8 @@ class LaunchWorkspace {
 
   int32_t device_index_;
   std::vector<Tensor> held_;
+  void* ahead_ = nullptr;  // allocated (and held) ahead of its request
+  int64_t ahead_bytes_ = 0;
 };
 
 }  // namespace vga

@@ -184,8 +184,26 @@ def assert_grads_close(got, ref):
         torch.testing.assert_close(out.double(), expected, atol=2e-2 * expected.abs().mean().item(), rtol=2e-2)
 
 
+def skip_without_programmatic_launch():
+    # With it off every launch waits for the previous grid, and the ordering these tests target is
+    # not exercised.
+    if os.environ.get("VGA_LINEAR_PDL") == "0":
+        pytest.skip("programmatic launch is off (VGA_LINEAR_PDL=0)")
+
+
+def event_ms(fn):
+    fn()  # (warm)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
 @pytest.mark.parametrize("pair", BACKWARD_PAIRS, ids=str)
 def test_backward_op_after_a_slow_predecessor(pair, slow_copy):
+    skip_without_programmatic_launch()
     # grad_out is written slowly by a kernel that releases its dependents at once. grad_x waits for
     # it and releases grad_weight only after that wait, so grad_weight, which does not wait for
     # grad_x, still reads grad_out complete. The products are small: grad_weight's CTAs would find
@@ -208,21 +226,47 @@ def test_the_op_after_the_backward_reads_grad_x_complete():
     # grad_x): grad_weight's tiles are done long before grad_x. The forward launched behind it waits
     # for grad_weight's grid alone and reads grad_x, so grad_weight must not complete before grad_x
     # does (it waits for it before it exits); grad_x's block is poisoned first, so a read ahead of
-    # grad_x's stores sees NaN.
+    # grad_x's stores sees NaN (or, in another block, no values of this round).
+    skip_without_programmatic_launch()
     rows, K, K_next = 128, 16384, 64
+    configs = ("sm90_gemm/n64/s1", "sm90_gemm/n128/s1")
     x = make_x(2, (rows,), H, torch.bfloat16, "cuda")
     weight = make_params(2, H, K, torch.bfloat16, "cuda", bias=False)[0]
     next_weight, next_bias = make_params(2, H, K_next, torch.bfloat16, "cuda")
-    for _ in range(3):
+    grad_out = torch.randn(rows, K, dtype=torch.bfloat16, device="cuda")
+    ops = torch.ops.vga
+    alone_x = event_ms(lambda: ops._gather_concat_linear_grad_x_family(grad_out, weight, 2, configs[0], x))
+    alone_w = event_ms(lambda: ops._gather_concat_linear_grad_weight_family(grad_out, x, configs[1]))
+    assert alone_x > 3 * alone_w, f"the premise: grad_x alone {alone_x:.3f} ms, grad_weight alone {alone_w:.3f} ms"
+    for _ in range(3):  # fresh grad_out each round: a read ahead of grad_x's stores sees NaN or stale values
         grad_out = torch.randn(rows, K, dtype=torch.bfloat16, device="cuda")
         poison = torch.full(x.shape, float("nan"), dtype=x.dtype, device="cuda")
         del poison  # grad_x's allocation most likely takes this block
-        grad_x, grad_w = torch.ops.vga._gather_concat_linear_backward_family(
-            grad_out, x, weight, "sm90_gemm/n64/s1", "sm90_gemm/n128/s1")
-        out = torch.ops.vga._gather_concat_linear_family(grad_x, next_weight, next_bias, "sm90_gemm")  # (launched programmatically)
+        grad_x, grad_w = ops._gather_concat_linear_backward_family(grad_out, x, weight, *configs)
+        out = ops._gather_concat_linear_family(grad_x, next_weight, next_bias, "sm90_gemm")  # (launched programmatically)
         torch.cuda.synchronize()
         assert_grads_close((grad_x, grad_w), grads64(grad_out, x, weight))
         assert_close_to_float64(out, grad_x, next_weight, next_bias)
+
+
+def test_backward_op_in_deterministic_mode():
+    # torch's deterministic mode fills every new allocation with a kernel of its own. grad_weight's
+    # split partials are allocated before grad_x is queued, so no such kernel lands between the two
+    # (the op checks the size it allocated ahead against what the launch asks for).
+    rows, K = 300, 256
+    x = make_x(R, (rows,), H, torch.bfloat16, "cuda")
+    weight = make_params(R, H, K, torch.bfloat16, "cuda", bias=False)[0]
+    grad_out = torch.randn(rows, K, dtype=torch.bfloat16, device="cuda")
+    pairs = BACKWARD_PAIRS + [("sm90_gemm/n128/s3", "sm90_gemm/n64/s4")]
+    usual = [torch.ops.vga._gather_concat_linear_backward_family(grad_out, x, weight, *pair) for pair in pairs]
+    torch.use_deterministic_algorithms(True)
+    try:
+        for pair, expected in zip(pairs, usual):
+            got = torch.ops.vga._gather_concat_linear_backward_family(grad_out, x, weight, *pair)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected)), pair
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert_grads_close(usual[0], grads64(grad_out, x, weight))
 
 
 def test_two_layers_backward():

@@ -174,23 +174,28 @@ def _empty_in_layout_of(x: Tensor, like: Tensor) -> Tensor:
 
 
 def _check_grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> None:
-    if x is not None:
-        torch._check(x.dim() == grad_out.dim() + 1 and x.shape[0] == num_shards
-                     and x.shape[-1] * num_shards == weight.shape[1]
-                     and all(x.shape[d + 1] == grad_out.shape[d] for d in range(grad_out.dim() - 1)),
-                     lambda: f"{op}: x must be (num_shards, *grad_out.shape[:-1], H) = the "
-                             f"forward's input, got {tuple(x.shape)}")
+    if x is None:
+        return
+
+    def message():
+        return f"{op}: x must be (num_shards, *grad_out.shape[:-1], H) = the forward's input, got {tuple(x.shape)}"
+
+    # (one check a relation: symbolic sizes are not branched on)
+    torch._check(x.dim() == grad_out.dim() + 1, message)
+    torch._check(x.shape[0] == num_shards, message)
+    torch._check(x.shape[-1] * num_shards == weight.shape[1], message)
+    for d in range(grad_out.dim() - 1):
+        torch._check(x.shape[d + 1] == grad_out.shape[d], message)
 
 
 def _check_grad_weight_args(grad_out: Tensor, x: Tensor, op: str) -> None:
     _check_grad_out(grad_out, op)
 
     def message():
-        return (f"{op}: x must be (R, *batch, H) with the batch dims of grad_out (*batch, K), "
-                f"got x {tuple(x.shape)} and grad_out {tuple(grad_out.shape)}")
+        return f"{op}: x must be (R, *batch, H) with the batch dims of grad_out (*batch, K)"
 
     torch._check(x.dim() == grad_out.dim() + 1, message)
-    for d in range(grad_out.dim() - 1):  # (one check each: symbolic sizes are not branched on)
+    for d in range(grad_out.dim() - 1):  # (one check a relation: symbolic sizes are not branched on)
         torch._check(x.shape[d + 1] == grad_out.shape[d], message)
 
 

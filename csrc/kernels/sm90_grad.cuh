@@ -58,6 +58,8 @@ inline void sm90_grad_input(const GradInputProblem& p, cudaStream_t stream) {
   });
 }
 
+inline bool grad_weight_spans_shards(const ForwardProblem& p) { return p.shard_width % 64 == 0; }
+
 inline const char* sm90_grad_weight_refusal(const GradWeightProblem& g) {
   using namespace sm90;
   const ForwardProblem& p = g.shards;
@@ -74,6 +76,38 @@ inline const char* sm90_grad_weight_refusal(const GradWeightProblem& g) {
   return nullptr;
 }
 
+// grad_weight's product on the core: K x R*H over the batch rows.
+inline sm90::CoreShape grad_weight_core_shape(const GradWeightProblem& g) {
+  using namespace sm90;
+  const ForwardProblem& p = g.shards;
+  const RowView rows = row_view(p);
+  CoreShape shape;
+  shape.m_outer = 1;
+  shape.m_inner = p.out_features;
+  // With H a multiple of 64 an N tile may span shards (each 64-column box lies in one), so the
+  // columns are one group and 256-wide tiles serve 128-wide heads; otherwise a tile stays in a shard.
+  shape.n_groups = grad_weight_spans_shards(p) ? 1 : p.num_shards;
+  shape.n_group_width = grad_weight_spans_shards(p) ? p.reduction() : p.shard_width;
+  shape.k_groups = rows.outer;
+  shape.k_group_width = rows.inner;
+  return shape;
+}
+
+// The workspace sm90_grad_weight will ask for (its plan's split partials; 0 when it has none), so
+// that a caller can allocate it ahead of other launches (gather_concat_linear_backward.cu).
+inline int64_t sm90_grad_weight_workspace_bytes(const GradWeightProblem& g) {
+  using namespace sm90;
+  const ForwardProblem& p = g.shards;
+  const CoreShape shape = grad_weight_core_shape(g);
+  int64_t bytes = 0;
+  visit_half_dtype(p.dtype, [&](auto element) {
+    using Element = decltype(element);
+    const CorePlan plan = core_plan<GemmKind::kGradWeight, Element>(shape, p.forced, p.device_index);
+    bytes = grid_split_workspace_bytes(shape, plan, p.reduction());
+  });
+  return bytes;
+}
+
 inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
   using namespace sm90;
   const ForwardProblem& p = g.shards;
@@ -83,20 +117,11 @@ inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
                                                      p.out_features, rows.outer, rows.inner * p.out_features, 64,
                                                      kBlockK);
   const CUtensorMap x_map = x_tensor_map(p, rows, 64, kBlockK, /*always_4d=*/true);
-  CoreShape shape;
-  shape.m_outer = 1;
-  shape.m_inner = p.out_features;
-  // With H a multiple of 64 an N tile may span shards (each 64-column box lies in one), so the
-  // columns are one group and 256-wide tiles serve 128-wide heads; otherwise a tile stays in a shard.
-  const bool span_shards = p.shard_width % 64 == 0;
-  shape.n_groups = span_shards ? 1 : p.num_shards;
-  shape.n_group_width = span_shards ? p.reduction() : p.shard_width;
-  shape.k_groups = rows.outer;
-  shape.k_group_width = rows.inner;
+  const CoreShape shape = grad_weight_core_shape(g);
   CoreArgs args{};
   args.out = g.grad_weight;
   args.out_ld = p.reduction();
-  args.b_shard_width = make_fast_divisor(span_shards ? static_cast<int>(p.shard_width) : 0);
+  args.b_shard_width = make_fast_divisor(grad_weight_spans_shards(p) ? static_cast<int>(p.shard_width) : 0);
   args.overlaps_previous_grid = g.overlaps_previous_grid ? 1 : 0;
   auto x_map_for = [&](int) { return x_map; };
   visit_half_dtype(p.dtype, [&](auto element) {

@@ -369,7 +369,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // use; the producer walks to its first tile in between (run 51's probe: ~0.4 µs of a small
   // call went to the walk after the cluster barrier). All of this overlaps the previous kernel's
   // end under a programmatic launch (launch.cuh): global memory is touched only after
-  // wait_for_previous_grid.
+  // wait_for_previous_grid, or, where the previous grid writes nothing this one reads or writes
+  // (args.overlaps_previous_grid), before it, with the wait at the exit.
   cluster_arrive();
 
   if (warpgroup == 0) {
@@ -636,6 +637,13 @@ CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_i
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
 
+// The bytes of fp32 partial sums that `plan` writes to its workspace: [split][rows][out_ld] for a
+// split across the grid, none otherwise.
+inline int64_t grid_split_workspace_bytes(const CoreShape& shape, const CorePlan& plan, int64_t out_ld) {
+  if (plan.splits <= 1 || plan.in_cluster) return 0;
+  return plan.splits * shape.m_outer * shape.m_inner * out_ld * static_cast<int64_t>(sizeof(float));
+}
+
 // Fills the tile counts of `args` (whose out, out_ld, bias, x_4d and, with packed shard tails,
 // tail_shards and tail_h the family set) for `plan` (core_plan's), launches the core and, for a
 // split across the grid, the fixed-order sum of the partials. `b_map_for(block_n)` builds the B
@@ -680,7 +688,7 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   args.partial_stride = 0;
   if (grid_split) {
     args.partial_stride = rows * args.out_ld;
-    args.partials = static_cast<float*>(workspace.get(plan.splits * args.partial_stride * int64_t(sizeof(float))));
+    args.partials = static_cast<float*>(workspace.get(grid_split_workspace_bytes(shape, plan, args.out_ld)));
     args.vector_store = args.out_ld % 2 == 0 ? 1 : 0;
   } else if (kKind == GemmKind::kForwardSwapped) {  // 8 W rows (output columns) a store; the warp checks K
     args.vector_store = (is_aligned(args.out, 16) && args.out_ld % 8 == 0) ? 1 : 0;

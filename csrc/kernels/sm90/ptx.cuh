@@ -67,9 +67,11 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 // onto SMs this grid leaves free once every CTA of this grid has called it or exited (the next
 // kernel still waits for this grid's completion before touching memory): a hint that only moves
 // its start earlier. The first call of a CTA counts; more are harmless. Every kernel here calls it
-// after its own wait_for_previous_grid, never before: so when the next kernel starts, every grid
-// before this one is complete, which is what lets the backward start grad_weight without waiting
-// for grad_x (CoreArgs::overlaps_previous_grid), and keeps at most two grids of a stream in flight.
+// after its own wait_for_previous_grid, never before (but the grad_weight grid that overlaps
+// grad_x, which waits only at its exit: CoreArgs::overlaps_previous_grid). Two things hold then:
+// a grid's completion implies the completion of every grid queued before it, and a grid that
+// waits before its first access releases the next one only once every grid before it is complete
+// (which is what lets the backward start grad_weight without waiting for grad_x).
 __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
