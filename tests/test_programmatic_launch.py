@@ -221,14 +221,14 @@ def test_backward_op_after_a_slow_predecessor(pair, slow_copy):
 
 
 def test_the_op_after_the_backward_reads_grad_x_complete():
-    # grad_x forced slow (two CTAs, each a 256-k-block reduction: tens of microseconds) and
-    # grad_weight fast (128 short tiles on the SMs grad_x leaves idle, started without waiting for
+    # grad_x forced slow (two CTAs, each a 512-k-block reduction: ~100 µs) and
+    # grad_weight fast (256 short tiles on the SMs grad_x leaves idle, started without waiting for
     # grad_x): grad_weight's tiles are done long before grad_x. The forward launched behind it waits
     # for grad_weight's grid alone and reads grad_x, so grad_weight must not complete before grad_x
     # does (it waits for it before it exits); grad_x's block is poisoned first, so a read ahead of
     # grad_x's stores sees NaN (or, in another block, no values of this round).
     skip_without_programmatic_launch()
-    rows, K, K_next = 128, 16384, 64
+    rows, K, K_next = 128, 32768, 64
     configs = ("sm90_gemm/n64/s1", "sm90_gemm/n128/s1")
     x = make_x(2, (rows,), H, torch.bfloat16, "cuda")
     weight = make_params(2, H, K, torch.bfloat16, "cuda", bias=False)[0]
