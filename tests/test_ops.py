@@ -201,7 +201,11 @@ def test_backward_op_bad_input_names_the_op(device):
               (grad_out, torch.randn(3, 6, 8, device=device), weight)),
              ("gather_concat_linear_backward: x must be \\(R, \\*batch, H\\)", (grad_out, torch.randn(3, 8, device=device), weight)),
              ("gather_concat_linear_backward: grad_out must be", (grad_out[0], torch.randn(3, 4, 8, device=device), weight)),
-             ("gather_concat_linear_backward: x must be \\(num_shards", (grad_out, torch.randn(3, 4, 7, device=device), weight))]
+             ("gather_concat_linear_backward: x must be \\(num_shards", (grad_out, torch.randn(3, 4, 7, device=device), weight)),
+             ("gather_concat_linear_backward: weight must be \\(K, R\\*H\\) with K = grad_out.shape\\[-1\\] = 5",
+              (grad_out, torch.randn(3, 4, 8, device=device), weight[:4])),
+             ("gather_concat_linear_backward: weight.shape\\[1\\] = 24 is not a multiple of num_shards = 5",
+              (grad_out, torch.randn(5, 4, 8, device=device), weight))]
     for pattern, args in cases:
         with pytest.raises(RuntimeError, match=pattern):
             torch.ops.vga.gather_concat_linear_backward(*args)

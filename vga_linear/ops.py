@@ -174,6 +174,10 @@ def _empty_in_layout_of(x: Tensor, like: Tensor) -> Tensor:
 
 
 def _check_grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> None:
+    torch._check(weight.dim() == 2 and weight.shape[0] == grad_out.shape[-1],
+                 lambda: f"{op}: weight must be (K, R*H) with K = grad_out.shape[-1] = {grad_out.shape[-1]}")
+    torch._check(weight.shape[1] % num_shards == 0,
+                 lambda: f"{op}: weight.shape[1] = {weight.shape[1]} is not a multiple of num_shards = {num_shards}")
     if x is None:
         return
 
@@ -247,8 +251,6 @@ def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 
 def _grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> Tensor:
     _check_grad_out(grad_out, op)
-    torch._check(weight.shape[0] == grad_out.shape[-1])
-    torch._check(weight.shape[1] % num_shards == 0)
     _check_grad_x_like(grad_out, weight, num_shards, x, op)
     if takes_x_layout(x):
         return _empty_in_layout_of(x, grad_out)
