@@ -107,11 +107,20 @@ def check_forward_args(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     )
 
 
-def _check_grad_out(grad_out: Tensor, op: str) -> None:
-    torch._check(
-        grad_out.dim() in (2, 3),
-        lambda: f"{op}: grad_out must be (*batch, K) with one or two batch dims, got {grad_out.dim()} dims",
-    )
+def _require(relations) -> None:
+    """Check (holds, message) pairs in order, raising the first failing one's message. A relation
+    that is plainly True costs a comparison (the reference kernels run on concrete shapes, where a
+    torch._check call costs ~1 us); a symbolic one (tracing) goes to torch._check, one relation a
+    call, so that sizes are never branched on. Relations come from generators, so a pair is only
+    formed once the ones before it hold (e.g. x's dims before its sizes are read)."""
+    for holds, message in relations:
+        if holds is not True:
+            torch._check(holds, message)
+
+
+def _grad_out_relations(grad_out: Tensor, op: str):
+    yield (grad_out.dim() in (2, 3),
+           lambda: f"{op}: grad_out must be (*batch, K) with one or two batch dims, got {grad_out.dim()} dims")
 
 
 # The reference kernels (CompositeExplicitAutograd: CPU, and any device without its own).
@@ -173,48 +182,51 @@ def _empty_in_layout_of(x: Tensor, like: Tensor) -> Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=like.dtype, device=like.device)
 
 
-def _check_grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> None:
-    torch._check(weight.dim() == 2 and weight.shape[0] == grad_out.shape[-1],
-                 lambda: f"{op}: weight must be (K, R*H) with K = grad_out.shape[-1] = {grad_out.shape[-1]}")
-    torch._check(weight.shape[1] % num_shards == 0,
-                 lambda: f"{op}: weight.shape[1] = {weight.shape[1]} is not a multiple of num_shards = {num_shards}")
+def _grad_x_relations(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str):
+    yield from _grad_out_relations(grad_out, op)
+
+    def weight_message():
+        return f"{op}: weight must be (K, R*H) with K = grad_out.shape[-1] = {grad_out.shape[-1]}"
+
+    yield weight.dim() == 2, weight_message
+    yield weight.shape[0] == grad_out.shape[-1], weight_message
+    yield (weight.shape[1] % num_shards == 0,
+           lambda: f"{op}: weight.shape[1] = {weight.shape[1]} is not a multiple of num_shards = {num_shards}")
     if x is None:
         return
 
-    def message():
+    def x_message():
         return f"{op}: x must be (num_shards, *grad_out.shape[:-1], H) = the forward's input, got {tuple(x.shape)}"
 
-    # (one check a relation: symbolic sizes are not branched on)
-    torch._check(x.dim() == grad_out.dim() + 1, message)
-    torch._check(x.shape[0] == num_shards, message)
-    torch._check(x.shape[-1] * num_shards == weight.shape[1], message)
+    yield x.dim() == grad_out.dim() + 1, x_message
+    yield x.shape[0] == num_shards, x_message
+    yield x.shape[-1] * num_shards == weight.shape[1], x_message
     for d in range(grad_out.dim() - 1):
-        torch._check(x.shape[d + 1] == grad_out.shape[d], message)
+        yield x.shape[d + 1] == grad_out.shape[d], x_message
 
 
-def _check_grad_weight_args(grad_out: Tensor, x: Tensor, op: str) -> None:
-    _check_grad_out(grad_out, op)
+def _grad_weight_relations(grad_out: Tensor, x: Tensor, op: str):
+    yield from _grad_out_relations(grad_out, op)
 
     def message():
         return f"{op}: x must be (R, *batch, H) with the batch dims of grad_out (*batch, K)"
 
-    torch._check(x.dim() == grad_out.dim() + 1, message)
-    for d in range(grad_out.dim() - 1):  # (one check a relation: symbolic sizes are not branched on)
-        torch._check(x.shape[d + 1] == grad_out.shape[d], message)
+    yield x.dim() == grad_out.dim() + 1, message
+    for d in range(grad_out.dim() - 1):
+        yield x.shape[d + 1] == grad_out.shape[d], message
 
 
 # The backward op's parts, with the name of the op that checks its arguments.
 
 
 def _grad_x_of(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> Tensor:
-    _check_grad_out(grad_out, op)
-    _check_grad_x_like(grad_out, weight, num_shards, x, op)
+    _require(_grad_x_relations(grad_out, weight, num_shards, x, op))
     grad_x = shards_of_concat((grad_out @ weight).contiguous(), num_shards)
     return _empty_in_layout_of(x, grad_x).copy_(grad_x) if takes_x_layout(x) else grad_x
 
 
 def _grad_weight_of(grad_out: Tensor, x: Tensor, op: str) -> Tensor:
-    _check_grad_weight_args(grad_out, x, op)
+    _require(_grad_weight_relations(grad_out, x, op))
     from .reference import concat_shards
 
     return grad_out.flatten(0, -2).mT @ concat_shards(x).flatten(0, -2)
@@ -250,15 +262,14 @@ def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 
 
 def _grad_x_like(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str) -> Tensor:
-    _check_grad_out(grad_out, op)
-    _check_grad_x_like(grad_out, weight, num_shards, x, op)
+    _require(_grad_x_relations(grad_out, weight, num_shards, x, op))
     if takes_x_layout(x):
         return _empty_in_layout_of(x, grad_out)
     return shards_of_concat(grad_out.new_empty((*grad_out.shape[:-1], weight.shape[1])), num_shards)
 
 
 def _grad_weight_like(grad_out: Tensor, x: Tensor, op: str) -> Tensor:
-    _check_grad_weight_args(grad_out, x, op)
+    _require(_grad_weight_relations(grad_out, x, op))
     return x.new_empty((grad_out.shape[-1], x.shape[0] * x.shape[-1]))
 
 
