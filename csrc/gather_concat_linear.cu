@@ -180,12 +180,8 @@ struct FamilySpec {
 };
 
 FamilySpec family_spec(const std::string& spec) {
-  const size_t slash = spec.find('/');
-  if (slash == std::string::npos) return {&family_named(spec), ForcedConfig{}};
-  const std::string name = spec.substr(0, slash);
-  STD_TORCH_CHECK(name == "sm90_gemm", "gather_concat_linear: only sm90_gemm takes a configuration, got '", spec,
-                  "'");
-  return {&family_named(name), parse_forced_config(spec.substr(slash + 1), spec, "gather_concat_linear")};
+  const Family& family = family_named(forced_family_name(spec));
+  return {&family, forced_config_of(spec, family.config != nullptr, "gather_concat_linear")};
 }
 
 // Tests and benchmarks force one family; it must accept the input or say why not.

@@ -30,14 +30,15 @@ struct BackwardFamily {
   const char* name;
   const char* (*refusal)(const Problem&);
   void (*run)(const Problem&, cudaStream_t);
+  bool takes_config = false;  // a forced configuration of the GEMM core ("sm90_gemm/n128/s4")
 };
 constexpr BackwardFamily<GradInputProblem> kGradInputFamilies[] = {
-    {"sm90_gemm", sm90_grad_input_refusal, sm90_grad_input},
+    {"sm90_gemm", sm90_grad_input_refusal, sm90_grad_input, /*takes_config=*/true},
     {"sm90_tf32x3", sm90_tf32x3_grad_input_refusal, sm90_tf32x3_grad_input},
     {"generic", nullptr, nullptr},
 };
 constexpr BackwardFamily<GradWeightProblem> kGradWeightFamilies[] = {
-    {"sm90_gemm", sm90_grad_weight_refusal, sm90_grad_weight},
+    {"sm90_gemm", sm90_grad_weight_refusal, sm90_grad_weight, /*takes_config=*/true},
     {"sm90_tf32x3", sm90_tf32x3_grad_weight_refusal, sm90_tf32x3_grad_weight},
     {"generic", nullptr, nullptr},
 };
@@ -77,21 +78,20 @@ int64_t merged_row_stride(const Tensor& grad_out) {
   return grad_out.stride(0) == grad_out.size(1) * grad_out.stride(1) ? grad_out.stride(1) : -1;
 }
 
-// Which family runs: the forced one (it must accept the input or say why not), or the first that
-// accepts. Only sm90_gemm takes a configuration ("sm90_gemm/n128/s4").
+// Which family runs: the forced one (it must accept the input or say why not), with the configuration
+// the forced spec asks of it stored in `forced_config`, or the first that accepts.
 template <typename Problem, size_t N>
 const BackwardFamily<Problem>& pick_family(const BackwardFamily<Problem> (&families)[N], const std::string& forced,
-                                           const Problem& p, const char* op) {
+                                           Problem& p, ForcedConfig& forced_config, const char* op) {
   if (forced.empty()) {
     for (const auto& family : families) {
       if (family.refusal == nullptr || family.refusal(p) == nullptr) return family;
     }
   }
-  const std::string name = forced.substr(0, forced.find('/'));
+  const std::string name = forced_family_name(forced);
   for (const auto& family : families) {
     if (name != family.name) continue;
-    STD_TORCH_CHECK(name == forced || name == "sm90_gemm", op, ": only sm90_gemm takes a configuration, got '",
-                    forced, "'");
+    forced_config = forced_config_of(forced, family.takes_config, op);
     const char* why = family.refusal == nullptr ? nullptr : family.refusal(p);
     STD_TORCH_CHECK(why == nullptr, op, ": kernel family '", family.name, "' refuses this input: ", why);
     return family;
@@ -99,12 +99,6 @@ const BackwardFamily<Problem>& pick_family(const BackwardFamily<Problem> (&famil
   std::string known;
   for (const auto& family : families) known += std::string(known.empty() ? "" : ", ") + family.name;
   STD_TORCH_CHECK(false, op, ": unknown kernel family '", forced, "'; known: ", known);
-}
-
-ForcedConfig forced_config_of(const std::string& forced, const char* op) {
-  const size_t slash = forced.find('/');
-  if (slash == std::string::npos) return {};
-  return parse_forced_config(forced.substr(slash + 1), forced, op);
 }
 
 // Whether a tensor's elements fill its storage span exactly once (torch's non-overlapping and
@@ -214,8 +208,8 @@ PreparedProduct<GradInputProblem> prepare_grad_x(const Tensor& grad_out, const T
   p.cc_major = device_traits(device_index).cc_major;
   p.device_index = device_index;
   p.workspace = workspace.request();
-  p.forced = forced_config_of(forced, op);
-  return {grad_x, p, &pick_family(kGradInputFamilies, forced, p, op)};
+  const BackwardFamily<GradInputProblem>& family = pick_family(kGradInputFamilies, forced, p, p.forced, op);
+  return {grad_x, p, &family};
 }
 
 void launch_grad_x(const PreparedProduct<GradInputProblem>& prepared, const Tensor& grad_out, const Tensor& weight,
@@ -261,11 +255,11 @@ PreparedProduct<GradWeightProblem> prepare_grad_weight(const Tensor& grad_out, c
   p.cc_major = device_traits(device_index).cc_major;
   p.device_index = device_index;
   p.workspace = workspace.request();
-  p.forced = forced_config_of(forced, op);
   g.grad_out = grad_out.const_data_ptr();
   g.grad_out_stride = merged_row_stride(grad_out);
   g.grad_weight = grad_weight.mutable_data_ptr();
-  return {grad_weight, g, &pick_family(kGradWeightFamilies, forced, g, op)};
+  const BackwardFamily<GradWeightProblem>& family = pick_family(kGradWeightFamilies, forced, g, p.forced, op);
+  return {grad_weight, g, &family};
 }
 
 void launch_grad_weight(const PreparedProduct<GradWeightProblem>& prepared, const Tensor& grad_out, const Tensor& x,

@@ -159,6 +159,19 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
   return forced;
 }
 
+// A forced family as tests and benchmarks name it: the family, then, for one with configurations
+// (the GEMM core's), a configuration after a slash ("sm90_gemm/n128/s4").
+inline std::string forced_family_name(const std::string& spec) { return spec.substr(0, spec.find('/')); }
+
+// The configuration `spec` asks of its family, which names whether it has configurations.
+inline ForcedConfig forced_config_of(const std::string& spec, bool family_takes_config, const char* op) {
+  const size_t slash = spec.find('/');
+  if (slash == std::string::npos) return {};
+  STD_TORCH_CHECK(family_takes_config, op, ": kernel family '", spec.substr(0, slash),
+                  "' takes no configuration, got '", spec, "'");
+  return parse_forced_config(spec.substr(slash + 1), spec, op);
+}
+
 // The scratch memory of one launch (split-K partial sums): torch allocations from the caching
 // allocator on the current stream, held until the entry point returns. Freed then, a block is
 // reused only by work queued later on the same stream, so this is safe without a sync, and it
