@@ -111,20 +111,14 @@ struct Sm90GemmPlan {
 template <typename Element>
 Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
   using namespace sm90;
+  if (is_token_width(p.forced.block_n)) {
+    return {true, core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index)};
+  }
+  const CorePlan plan = core_plan<GemmKind::kForward, Element>(s.shape, p.forced, p.device_index);
   const bool forced_other = p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0;
-  const bool choose_orientation = !forced_other && s.tail == 0;
-  bool use_swapped = is_token_width(p.forced.block_n);
-  CorePlan plan{}, plan_swapped{};
-  if (choose_orientation || !use_swapped) plan = core_plan<GemmKind::kForward, Element>(s.shape, p.forced, p.device_index);
-  if (choose_orientation || use_swapped) {
-    plan_swapped = core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index);
-  }
-  if (choose_orientation) {
-    const ResidentClusters& resident = resident_clusters<GemmKind::kForward, Element>(p.device_index);
-    const ResidentClusters& resident_swapped = resident_clusters<GemmKind::kForwardSwapped, Element>(p.device_index);
-    use_swapped = plan_cost(s.swapped, plan_swapped, resident_swapped) < 0.97 * plan_cost(s.shape, plan, resident);
-  }
-  return {use_swapped, use_swapped ? plan_swapped : plan};
+  if (forced_other || s.tail != 0) return {false, plan};
+  const CorePlan swapped = core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index);
+  return swapped.cost < 0.97 * plan.cost ? Sm90GemmPlan{true, swapped} : Sm90GemmPlan{false, plan};
 }
 
 // The configuration the forward runs for p, as the forced-configuration names spell it

@@ -207,6 +207,7 @@ struct CorePlan {
   int splits;   // 1: direct store; > 1: fp32 partial sums added in a fixed order
   int kblocks_per_split;
   bool in_cluster;  // splits > 1: the cluster's CTAs are the slices (DSMEM sum), else a workspace + launch
+  double cost = 0;  // its plan_cost in microseconds (choose_plan's, with the device's resident clusters)
 };
 
 // Clusters that fit on the GPU at once, by cluster size (2: the paired tiles; 4, 8: in-cluster splits).
@@ -314,6 +315,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
     if (cost < best_cost * 0.97) {  // a rival must win by 3% to displace the simpler plan
       best_cost = cost;
       best = plan;
+      best.cost = cost;
     }
   };
   for (int block_n : {256, 240, 192, 176, 128, 112, 64}) {
