@@ -81,7 +81,11 @@ def gather_backward(gy, gathered, weight, group, R, rank, chunks, sum_mode, need
     work = None
     if need_x:
         if sum_mode:  # adjoint of the gather: reduce_scatter of grad_y @ W laid out (R, B, H)
-            G = torch.ops.vga.gather_concat_linear_grad_x(gy, weight, R)
+            # Gathered in one slab, the buffer is (R, B, H)-contiguous: given as x, it makes grad_x come
+            # back in that layout, which the reduce_scatter reads without the copy the concat's layout needs.
+            one_slab = len(chunk_bounds(B, chunks)) == 1
+            x_layout = _slab(gathered, R, H, 0, B) if one_slab else None
+            G = torch.ops.vga.gather_concat_linear_grad_x(gy, weight, R, x_layout)
             gx = gy.new_empty(B, H)
             if B > 0:
                 work = comm.reduce_scatter(gx, G.reshape(R * B, H), group, async_op=True)
