@@ -88,28 +88,13 @@ void check_forward_args(const Tensor& x, const Tensor& weight, const std::option
 
 ForwardProblem describe_forward(const Tensor& x, const Tensor& weight,
                                 const std::optional<Tensor>& bias, void* out) {
-  const bool two_batch_dims = x.dim() == 4;
-  const DeviceTraits& traits = device_traits(x.get_device_index());
-  ForwardProblem p{};
-  p.x = x.const_data_ptr();
+  ForwardProblem p = describe_shards(x, weight.size(0));
   p.weight = weight.const_data_ptr();
   p.bias = bias.has_value() ? bias->const_data_ptr() : nullptr;
   p.out = out;
-  p.num_shards = x.size(0);
-  p.batch_outer = x.size(1);
-  p.batch_inner = two_batch_dims ? x.size(2) : 1;
-  p.shard_width = x.size(-1);
-  p.out_features = weight.size(0);
-  p.x_stride_shard = x.stride(0);
-  p.x_stride_outer = x.stride(1);
-  p.x_stride_inner = two_batch_dims ? x.stride(2) : 0;
   p.weight_stride_out = weight.stride(0);
   p.weight_stride_in = weight.stride(1);
   p.bias_stride = bias.has_value() ? bias->stride(0) : 0;
-  p.dtype = *kernel_dtype(x.scalar_type());
-  p.sm_count = traits.sm_count;
-  p.cc_major = traits.cc_major;
-  p.device_index = x.get_device_index();
   return p;
 }
 

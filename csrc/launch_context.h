@@ -127,6 +127,29 @@ Tensor empty_cuda_like(const Tensor& like, const std::array<int64_t, N>& sizes, 
   return empty_strided_cuda_like(like, sizes, strides, ndim, device_index);
 }
 
+// x (R, *batch, H) as the forward's problem sees it, with `out_features` outputs, on x's device:
+// the shards, their batch dims and strides, the dtype and the device. The forward adds weight,
+// bias and output; grad_weight reads it as its virtual concat.
+inline ForwardProblem describe_shards(const Tensor& x, int64_t out_features) {
+  const bool two_batch_dims = x.dim() == 4;
+  const DeviceTraits& traits = device_traits(x.get_device_index());
+  ForwardProblem p{};
+  p.x = x.const_data_ptr();
+  p.num_shards = x.size(0);
+  p.batch_outer = x.size(1);
+  p.batch_inner = two_batch_dims ? x.size(2) : 1;
+  p.shard_width = x.size(-1);
+  p.out_features = out_features;
+  p.x_stride_shard = x.stride(0);
+  p.x_stride_outer = x.stride(1);
+  p.x_stride_inner = two_batch_dims ? x.stride(2) : 0;
+  p.dtype = *kernel_dtype(x.scalar_type());
+  p.sm_count = traits.sm_count;
+  p.cc_major = traits.cc_major;
+  p.device_index = x.get_device_index();
+  return p;
+}
+
 // "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n64, n128,
 // n192, n256; or the forward's token widths n112, n176, n240, which run it swapped) and reduction
 // split, across the grid (s<count>) or in the cluster (c2, c4, c8), so

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import kernels_loaded
-from .reference import gather_concat_linear_reference
+from .reference import concat_shards, gather_concat_linear_reference
 
 SCHEMAS = {
     "gather_concat_linear": "(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
@@ -227,8 +227,6 @@ def _grad_x_of(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | No
 
 def _grad_weight_of(grad_out: Tensor, x: Tensor, op: str) -> Tensor:
     _require(_grad_weight_relations(grad_out, x, op))
-    from .reference import concat_shards
-
     return grad_out.flatten(0, -2).mT @ concat_shards(x).flatten(0, -2)
 
 
