@@ -203,10 +203,7 @@ PreparedProduct<GradInputProblem> prepare_grad_x(const Tensor& grad_out, const T
   p.grad_out_stride = merged_row_stride(grad_out);
   p.weight_stride_out = weight.stride(0);
   p.weight_stride_in = weight.stride(1);
-  p.dtype = *kernel_dtype(grad_out.scalar_type());
-  p.sm_count = device_traits(device_index).sm_count;
-  p.cc_major = device_traits(device_index).cc_major;
-  p.device_index = device_index;
+  describe_device(p, grad_out, device_index);
   p.workspace = workspace.request();
   const BackwardFamily<GradInputProblem>& family = pick_family(kGradInputFamilies, forced, p, p.forced, op);
   return {grad_x, p, &family};

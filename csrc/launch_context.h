@@ -127,12 +127,22 @@ Tensor empty_cuda_like(const Tensor& like, const std::array<int64_t, N>& sizes, 
   return empty_strided_cuda_like(like, sizes, strides, ndim, device_index);
 }
 
+// The element type and device fields every family's problem carries (ForwardProblem,
+// GradInputProblem): the dtype of `like`, the device's SM count and compute capability.
+template <typename Problem>
+void describe_device(Problem& p, const Tensor& like, int32_t device_index) {
+  const DeviceTraits& traits = device_traits(device_index);
+  p.dtype = *kernel_dtype(like.scalar_type());
+  p.sm_count = traits.sm_count;
+  p.cc_major = traits.cc_major;
+  p.device_index = device_index;
+}
+
 // x (R, *batch, H) as the forward's problem sees it, with `out_features` outputs, on x's device:
 // the shards, their batch dims and strides, the dtype and the device. The forward adds weight,
 // bias and output; grad_weight reads it as its virtual concat.
 inline ForwardProblem describe_shards(const Tensor& x, int64_t out_features) {
   const bool two_batch_dims = x.dim() == 4;
-  const DeviceTraits& traits = device_traits(x.get_device_index());
   ForwardProblem p{};
   p.x = x.const_data_ptr();
   p.num_shards = x.size(0);
@@ -143,10 +153,7 @@ inline ForwardProblem describe_shards(const Tensor& x, int64_t out_features) {
   p.x_stride_shard = x.stride(0);
   p.x_stride_outer = x.stride(1);
   p.x_stride_inner = two_batch_dims ? x.stride(2) : 0;
-  p.dtype = *kernel_dtype(x.scalar_type());
-  p.sm_count = traits.sm_count;
-  p.cc_major = traits.cc_major;
-  p.device_index = x.get_device_index();
+  describe_device(p, x, x.get_device_index());
   return p;
 }
 
