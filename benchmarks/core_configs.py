@@ -98,7 +98,7 @@ def measure(args):
 
 # The plan model of csrc/kernels/sm90/schedule.cuh (plan_cost), in Python, its constants a dict.
 CONSTANTS = ("kblock_us_256", "kblock_us_192", "kblock_us_128", "kblock_us_64", "job_us", "hbm_bytes_per_us", "split_bytes_per_us",
-             "split_launch_us", "cluster_slice_us", "cluster_unshared")
+             "split_launch_us", "cluster_slice_us", "cluster_unshared", "span_kblock_us")
 
 
 def tile_counts(shape, block_n):
@@ -121,31 +121,43 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     reduction = reduction_elements(shape)
     step_fill = reduction / (kblocks(shape) * 64)
     hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / p["hbm_bytes_per_us"]
-    job_us = per_split * kblock_us(block_n, p) * step_fill + p["job_us"]
+    kb_us = max(kblock_us(block_n, p), p["span_kblock_us"]) if shape.get("spans_shards") else kblock_us(block_n, p)
+    job_us = per_split * kb_us * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
         rounds = math.ceil(m_tiles * n_tiles / resident[splits])
         unshared = p["cluster_unshared"] * block_n / 256.0
-        job_us += per_split * kblock_us(block_n, p) * step_fill * unshared
+        job_us += per_split * kb_us * step_fill * unshared
         return max(rounds * (job_us + p["cluster_slice_us"] * splits), hbm_us)
     pair_rows = math.ceil(m_tiles / 2) * n_tiles
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
-    jobs = (pair_columns if block_n == 64 or pair_columns < pair_rows else pair_rows) * splits
+    columns_paired = not shape.get("spans_shards") and (block_n == 64 or pair_columns < pair_rows)
+    jobs = (pair_columns if columns_paired else pair_rows) * splits
     cost = max(math.ceil(jobs / resident["pairs"]) * job_us, hbm_us)
     if splits > 1:
         cost += rows * columns * (8.0 * splits + 2) / p["split_bytes_per_us"] + p["split_launch_us"]
     return cost
 
 
-def core_shape(rec, kind, skips_fill=True, packs_tails=True, token_tiles=False):
+# How the forward lays its reduction out where H % 64 != 0, by build: k-blocks a shard, the last
+# zero-filled (runs 22-58); the tails of H % 64 = 16 or 32 packed 4 or 2 shards a k-block (runs
+# 59-80); those packed and the other widths' k-blocks along the concatenation (one group of R * H,
+# its pairs always of row tiles: run 81 on).
+LAYOUTS = ("per_shard", "packed", "span")
+
+
+def core_shape(rec, kind, skips_fill=True, layout="span", token_tiles=False):
     """schedule.cuh's CoreShape: the reduction is k_groups x k_group_width (+ the forward's packed
     shard tails). `skips_fill`: the kernel skips each group's zero-filled k steps (False for
-    measurements before it did, runs 22-33); `packs_tails`: the forward packs the tail columns of
-    shards with H % 64 = 16 or 32 into whole k-blocks (False for measurements before it did, runs 22-58)."""
+    measurements before it did, runs 22-33); `layout`: the forward's, as the build that measured
+    the data had it (LAYOUTS)."""
     R, H, K, rows = rec["R"], rec["H"], rec["K"], rec["rows"]
     if kind == "fwd" and token_tiles:  # the swapped forward: M = W's rows, N = the tokens, unpacked
         shape = dict(m_outer=1, m_inner=K, n_groups=1, width=rows, k_groups=R, k_group_width=H)
+    elif kind == "fwd" and layout == "span" and H % 64 not in (0, 16, 32):
+        shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=K, k_groups=1, k_group_width=R * H,
+                     spans_shards=True)
     elif kind == "fwd":
-        tail = H % 64 if packs_tails and H % 64 in (16, 32) else 0
+        tail = H % 64 if layout != "per_shard" and H % 64 in (16, 32) else 0
         shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=K, k_groups=R, k_group_width=H - tail,
                      tail_kblocks=math.ceil(R * tail / 64), tail_elements=R * tail)
     elif kind == "gx":
@@ -206,22 +218,23 @@ def dispatch_name(key):
     return name.rsplit("/", 1)[0] if int(name.split("/")[1][1:]) in TOKEN_WIDTHS else name
 
 
-def pick(rec, kind, p, keys, skips_fill=True, packs_tails=True, resident=RESIDENT):
+def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
     this product: choose_plan's cheapest plan of each orientation, where a rival displaces the plan
     so far only when it is 3% cheaper, then the swapped one only if 3% cheaper (sm90_gemm.cuh); and
     the keys the rule could pick at all. (None, []) if none. `resident`: the cluster counts (RESIDENT's
     keys). The shapes are 3-D x's (one outer batch index)."""
-    shapes = {False: core_shape(rec, kind, skips_fill, packs_tails),
-              True: core_shape(rec, kind, skips_fill, packs_tails, token_tiles=True)}
-    packs = kind == "fwd" and packs_tails and rec["H"] % 64 in (16, 32)
+    shapes = {False: core_shape(rec, kind, skips_fill, layout),
+              True: core_shape(rec, kind, skips_fill, layout, token_tiles=True)}
+    first_only = kind == "fwd" and (layout != "per_shard" and rec["H"] % 64 in (16, 32)
+                                    or layout == "span" and rec["H"] % 64 != 0)
     candidates = []
     for key in keys:
         width, split = key.split("/")[1:]
         block_n, splits, in_cluster = int(width[1:]), int(split[1:]), split[0] == "c"
         swapped = block_n in TOKEN_WIDTHS
-        if swapped and packs:
-            continue  # the rule keeps shapes that pack shard tails in the first orientation
+        if swapped and first_only:
+            continue  # the rule keeps packed or concatenation-long reductions in the first orientation
         shape = shapes[swapped]
         counts = dict(resident, pairs=resident["swapped_pairs"]) if swapped else resident
         total = kblocks(shape)
@@ -242,7 +255,7 @@ def pick(rec, kind, p, keys, skips_fill=True, packs_tails=True, resident=RESIDEN
     return best[swaps][1], [c[1] for c in candidates]
 
 
-def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, packs_tails=True):
+def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, layout="span"):
     out = []
     for rec, kind in itertools.product(recs, kinds):
         if kind == "fwd" and rec["rows"] <= 64:
@@ -252,7 +265,7 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, p
                 print(f"  skipped R={rec['R']} H={rec['H']} K={rec['K']} rows={rec['rows']}: disturbed while measured")
             continue
         measured = {key: t for key, t in rec.items() if key.startswith(kind + "_sm90_gemm/") and isinstance(t, float)}
-        picked, eligible = pick(rec, kind, p, list(measured), skips_fill, packs_tails)
+        picked, eligible = pick(rec, kind, p, list(measured), skips_fill, layout)
         if picked is None:
             continue
         regret = measured[picked] / min(measured[key] for key in eligible)
@@ -263,7 +276,7 @@ def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, p
     return out
 
 
-def fit(path, kinds, packs_tails=True):
+def fit(path, kinds, layout="span"):
     """Coordinate descent over each constant's grid (a few sweeps), scoring a constant set by its worst
     regret (rounded to 0.01: a cliff costs more than 2% everywhere), then its mean regret."""
     recs = [json.loads(line) for line in open(path)]
@@ -272,11 +285,11 @@ def fit(path, kinds, packs_tails=True):
                 kblock_us_64=[0.12, 0.15, 0.18, 0.2, 0.22, 0.25, 0.3], job_us=[0.0, 1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0],
                 hbm_bytes_per_us=[1.5e6, 2e6, 2.5e6, 3e6, 3.5e6, 4e6, 5e6], split_bytes_per_us=[0.5e6, 1e6, 1.5e6, 2e6, 3e6],
                 split_launch_us=[1.0, 2.0, 3.0, 4.0, 6.0], cluster_slice_us=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
-                cluster_unshared=[0.0, 0.1, 0.2, 0.3, 0.5])
+                cluster_unshared=[0.0, 0.1, 0.2, 0.3, 0.5], span_kblock_us=[0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6])
     p = {k: v[len(v) // 2] for k, v in grid.items()}
 
     def score(q):
-        r = regrets(recs, q, kinds, packs_tails=packs_tails)
+        r = regrets(recs, q, kinds, layout=layout)
         return (round(max(r), 2), sum(r) / len(r))
 
     best = score(p)
@@ -288,7 +301,7 @@ def fit(path, kinds, packs_tails=True):
                 if sc < best:
                     best, p = sc, q
     print(f"best constants {p}: worst regret {best[0]:.2f}, mean {best[1]:.4f}")
-    regrets(recs, p, kinds, report=True, packs_tails=packs_tails)
+    regrets(recs, p, kinds, report=True, layout=layout)
 
 
 def main():
@@ -301,15 +314,16 @@ def main():
     parser.add_argument("--configs", type=lambda s: s.split(";"), default=CONFIGS)
     parser.add_argument("--kinds", type=lambda s: tuple(s.split(",")), default=("fwd", "gx", "gw"),
                         help="--fit: the products to fit (fwd, gx, gw)")
-    parser.add_argument("--unpacked-tails", action="store_true",
-                        help="--fit: the file was measured before the forward packed shard tails (runs up to 58)")
+    parser.add_argument("--layout", choices=LAYOUTS, default="span",
+                        help="--fit: the forward's layout where H %% 64 != 0 in the build that measured the file "
+                             "(per_shard: runs up to 58, packed: 59-80, span: 81 on)")
     parser.add_argument("--once", action="store_true",
                         help="run every product once, untimed: the launches for ncu to profile side by side")
     parser.add_argument("--rep-ms", type=float, default=15.0, help="time budget of one median")
     parser.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", "240")))
     args = parser.parse_args()
     if args.fit:
-        fit(args.fit, args.kinds, packs_tails=not args.unpacked_tails)
+        fit(args.fit, args.kinds, layout=args.layout)
     else:
         measure(args)
 

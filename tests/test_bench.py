@@ -428,13 +428,13 @@ def test_plan_constants_match_the_fitted_model():
         path = os.path.join(BENCH_DIR, "results", f"{run}-core-configs.jsonl")
         recs = [json.loads(line) for line in open(path)]
         # (all measured before the forward packed shard tails)
-        regrets = core_configs.regrets(recs, constants, skips_fill=skips_fill, packs_tails=False)
+        regrets = core_configs.regrets(recs, constants, skips_fill=skips_fill, layout="per_shard")
         assert len(regrets) > 100
         assert max(regrets) <= worst and sum(regrets) / len(regrets) <= mean, run
     # and a model that ignores the tile width's cost picks far worse on run 37
     run37 = [json.loads(line) for line in open(os.path.join(BENCH_DIR, "results", "run37-core-configs.jsonl"))]
     flat = dict(constants, **{f"kblock_us_{n}": constants["kblock_us_256"] for n in (64, 128, 192)})
-    assert max(core_configs.regrets(run37, flat, skips_fill=True, packs_tails=False)) > 1.3
+    assert max(core_configs.regrets(run37, flat, skips_fill=True, layout="per_shard")) > 1.3
 
 
 @pytest.mark.cuda

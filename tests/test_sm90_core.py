@@ -28,7 +28,9 @@ TOKEN_CONFIGS = ["sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
 # H (80, 96, 8), one batch row, odd tile counts for the clusters of 2, two batch dims; shards
 # narrower than a k-block (16, 32, 48) and a 112-wide one whose reduction splits start inside a
 # shard. H % 64 = 16 or 32 packs the shards' tail columns into k-blocks of 4 or 2 shards (80, 96,
-# 16, 32; R not a multiple of that: the last such k-block reads shards past R as zeros).
+# 16, 32; R not a multiple of that: the last such k-block reads shards past R as zeros); the
+# forward's other widths that are not a multiple of 64 (8, 48, 112, 136: a 4-D x among them) run its
+# k-blocks along the concatenation, A copied by cp.async across shard boundaries.
 SHAPES = [
     (4, (130,), 64, 200),
     (3, (77,), 80, 264),

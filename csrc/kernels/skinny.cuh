@@ -105,11 +105,7 @@ __device__ __forceinline__ void store_shared16(uint32_t addr, uint4 v) {
                : "memory");
 }
 
-// 16-byte async copy global -> shared; src_bytes = 0 zero-fills (padding rows, tails).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
+using sm90::cp_async16;
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }

@@ -4,14 +4,19 @@
 // both K-major; the k-block (r, h0) of a tile is one bulk copy each, zero-filled past H, so the
 // concat is never materialised. Where H % 64 is 16 or 32 (80-, 96-, 32-wide heads) the shards'
 // tail columns are packed instead, 64 / (H % 64) shards' tails to a k-block after the shards'
-// whole k-blocks (boxes of 32- or 64-byte rows, one shard's block after another: gemm.cuh). Tile
+// whole k-blocks (boxes of 32- or 64-byte rows, one shard's block after another: gemm.cuh). Other
+// widths that are not a multiple of 64 run the k-blocks along the concatenation instead (one
+// reduction group of R * H, no zero fill): x's k-block, which may cross shards, copied by cp.async
+// 16 bytes at a time (gemm.cuh, kSpanShards), W through its (R*H, 1, K) view. Packing keeps the
+// 80- and 96-wide heads: it needs as few k-blocks as the concatenation and copies them by TMA
+// (run 80: the concatenation's copies lost 1-14% there). Tile
 // width (64, 128, 192 or 256) and reduction split (none, across the grid, or in a cluster) come
 // from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they fill the GPU, narrower
 // tiles and splits where they would leave SMs idle (100-1024 rows, small K). Or the product runs
 // transposed (kForwardSwapped: W's rows in 128-row tiles, the tokens in tiles of 112, 176 or 240)
 // where the plan model says the tokens' padding to 128-row tiles costs more than 3% (333 rows are
 // 3 x 128 = 384 rows of work, 2 x 176 = 352 swapped): the rule compares the two orientations'
-// cheapest plans. Shapes that pack shard tails keep the first orientation.
+// cheapest plans. Shapes that pack shard tails or run along the concatenation keep the first one.
 #pragma once
 
 #include <string>
@@ -32,6 +37,8 @@ inline const char* sm90_gemm_refusal(const ForwardProblem& p) {
     return "two unmergeable batch dims with the inner one too short for 128-row tiles";
   if ((m_tiles + kClusterM) * ceil_div(p.out_features, 64) * 16 > kMaxCoordinate) return "too many output tiles";
   if (ceil_div(p.shard_width, kBlockK) * p.num_shards > kMaxCoordinate) return "reduction too long";
+  if (p.shard_width % kBlockK != 0 && p.num_shards * p.shard_width > kMaxCoordinate - 2 * kBlockK)
+    return "R * H >= 2^31 with H not a multiple of 64";
   if (p.rows() * p.out_features * 16 * 4 > (int64_t(1) << 40)) return "output too large for split partial sums";
   return nullptr;
 }
@@ -57,6 +64,12 @@ inline sm90::TailMaps packed_tail_maps(const ForwardProblem& p, const sm90::RowV
       sm90::w_tensor_map(p, box_h, w_rows, swizzle)};
 }
 
+// Whether the forward's k-blocks run along the concatenation: H is not a multiple of 64 and its
+// tails do not pack (see the top).
+inline bool sm90_gemm_spans_shards(const ForwardProblem& p) {
+  return p.shard_width % sm90::kBlockK != 0 && sm90_gemm_packed_tail(p) == 0;
+}
+
 // The swapped forward's shape: M = W's rows, N = the tokens (groups = x's outer batch index,
 // which a token tile never straddles), the reduction R shards of H (unpacked).
 inline sm90::CoreShape sm90_gemm_token_tile_shape(const ForwardProblem& p, const sm90::RowView& rows) {
@@ -71,16 +84,19 @@ inline sm90::CoreShape sm90_gemm_token_tile_shape(const ForwardProblem& p, const
   return shape;
 }
 
-// The forward's own shape (rows x K over R shards of H; with packed tails, the shards' whole
-// k-blocks and then the tail k-blocks).
-inline sm90::CoreShape sm90_gemm_shape(const ForwardProblem& p, const sm90::RowView& rows, int64_t tail) {
+// The forward's own shape: rows x K over R shards of H (with packed tails, the shards' whole
+// k-blocks and then the tail k-blocks), or over one group of R * H along the concatenation.
+inline sm90::CoreShape sm90_gemm_shape(const ForwardProblem& p, const sm90::RowView& rows, int64_t tail,
+                                       bool spans_shards) {
   sm90::CoreShape shape;
   shape.m_outer = rows.outer;
   shape.m_inner = rows.inner;
   shape.n_groups = 1;
   shape.n_group_width = p.out_features;
-  shape.k_groups = p.num_shards;
-  shape.k_group_width = p.shard_width - tail;  // with packed tails, the shards' whole k-blocks only
+  shape.k_groups = spans_shards ? 1 : p.num_shards;
+  // with packed tails, the shards' whole k-blocks only
+  shape.k_group_width = spans_shards ? p.num_shards * p.shard_width : p.shard_width - tail;
+  shape.spans_shards = spans_shards;
   shape.tail_kblocks = tail > 0 ? ceil_div(p.num_shards, sm90::kBlockK / tail) : 0;
   shape.tail_elements = p.num_shards * tail;
   return shape;
@@ -90,6 +106,7 @@ inline sm90::CoreShape sm90_gemm_shape(const ForwardProblem& p, const sm90::RowV
 struct Sm90GemmShapes {
   sm90::RowView rows;
   int64_t tail;            // sm90_gemm_packed_tail
+  bool spans_shards;       // sm90_gemm_spans_shards
   sm90::CoreShape shape;   // rows x K (sm90_gemm_shape)
   sm90::CoreShape swapped; // K x rows in token tiles (sm90_gemm_token_tile_shape)
 };
@@ -97,12 +114,13 @@ struct Sm90GemmShapes {
 inline Sm90GemmShapes sm90_gemm_shapes(const ForwardProblem& p) {
   const sm90::RowView rows = sm90::row_view(p);
   const int64_t tail = sm90_gemm_packed_tail(p);
-  return {rows, tail, sm90_gemm_shape(p, rows, tail), sm90_gemm_token_tile_shape(p, rows)};
+  const bool spans = sm90_gemm_spans_shards(p);
+  return {rows, tail, spans, sm90_gemm_shape(p, rows, tail, spans), sm90_gemm_token_tile_shape(p, rows)};
 }
 
 // What sm90_gemm_forward runs: the orientation and the core's plan for it. The rule: the cheaper
 // orientation by 3%, as between plans, unless a width or a split is forced (a token width forces
-// the swapped one) or the shape packs shard tails (the first one only).
+// the swapped one) or the shape packs shard tails or runs along the concatenation (the first one only).
 struct Sm90GemmPlan {
   bool swapped;
   sm90::CorePlan plan;
@@ -116,7 +134,7 @@ Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
   }
   const CorePlan plan = core_plan<GemmKind::kForward, Element>(s.shape, p.forced, p.device_index);
   const bool forced_other = p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0;
-  if (forced_other || s.tail != 0) return {false, plan};
+  if (forced_other || s.tail != 0 || s.spans_shards) return {false, plan};
   const CorePlan swapped = core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index);
   return swapped.cost < 0.97 * plan.cost ? Sm90GemmPlan{true, swapped} : Sm90GemmPlan{false, plan};
 }
@@ -157,7 +175,19 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
     args.tail_shards = static_cast<int>(tail > 0 ? kBlockK / tail : 0);
     args.tail_h = static_cast<int>(p.shard_width - tail);
     const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
-    auto w_map_for = [&](int block_n) { return w_tensor_map(p, kBlockK, block_n / kClusterM); };
+    if (shapes.spans_shards) {  // A by cp.async (x_map unused but for its prefetch), W along its rows
+      args.span_shards = 1;
+      args.x = p.x;
+      args.x_shard_stride = p.x_stride_shard;
+      args.x_outer_stride = rows.outer_stride;
+      args.x_inner_stride = rows.inner_stride;
+      args.x_shard_width = make_fast_divisor(static_cast<int>(p.shard_width));
+      args.x_columns = static_cast<int>(p.num_shards * p.shard_width);
+    }
+    auto w_map_for = [&](int block_n) {
+      return shapes.spans_shards ? w_concat_tensor_map(p, kBlockK, block_n / kClusterM)
+                                 : w_tensor_map(p, kBlockK, block_n / kClusterM);
+    };
     auto tail_maps_for = [&](int block_n) { return packed_tail_maps(p, rows, tail, 64, block_n / kClusterM); };
     run_core<GemmKind::kForward, Element>(shapes.shape, chosen.plan, args, x_map, w_map_for, p.workspace,
                                           p.device_index, stream, tail_maps_for);

@@ -20,7 +20,12 @@
 // rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there), k-blocks of 64 elements (one
 // 128-byte swizzle row; a group's last k-block runs only the k steps that hold data; the forward
 // packs shards' 16- or 32-column tails 4 or 2 to a k-block, as a stage costs what it copies, zero
-// fill included, not the data it holds: kTailShards instantiations). Warpgroup 0
+// fill included, not the data it holds: kTailShards instantiations). Other widths that are not a
+// multiple of 64 (112, 136, 48, ...) run the forward's k-blocks along the concatenation instead
+// (kSpanShards instantiations): a TMA box cannot cross a shard, so the producer warpgroup copies
+// those A tiles with cp.async, 16 bytes (8 columns of one shard) a copy, while W, whose rows are
+// the concatenation already, stays one TMA box a half (R = 32, H = 112: 56 k-blocks a tile
+// instead of 64). Warpgroup 0
 // is the producer (its first warp walks the tiles, one elected lane issues TMA), warpgroups 1-2
 // each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As
 // many stages as fit in 227 KB (4 at 256, 5 at 192, 7 at 128, 8 at 64) form a full/empty mbarrier
@@ -165,7 +170,8 @@ __device__ __forceinline__ void next_stage(int& stage, uint32_t& phase) {
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
 // between its CTAs, each multicasting its part; the other one each CTA loads whole for itself.
 // The forward's packed tail k-blocks come through the tail maps, from shard (kb - first) * shards.
-template <GemmKind kKind, int kBlockN, bool kInCluster, int kTailShards>
+// With kSpanShards A is not copied here (copy_span_kblock), and pairs are always of row tiles.
+template <GemmKind kKind, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards>
 __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const CUtensorMap* a_map,
                                            const CUtensorMap* b_map, const TailMaps* tails, uint64_t* bar,
                                            const TileCoord& c, const LoadCursor& cur, int kb, uint32_t cta_rank,
@@ -233,18 +239,20 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
     }
   };
   if constexpr (kInCluster) {  // the cluster's CTAs share no operand
-    load_a(0, false);
-    load_a(1, false);
+    if (!kSpanShards) {
+      load_a(0, false);
+      load_a(1, false);
+    }
 #pragma unroll
     for (int part = 0; part < kBParts; ++part) load_b(part, false);
   } else if (share_a) {
-    load_a(rank, true);
+    load_a(rank, true);  // (never with kSpanShards: schedule.cuh's pair_columns)
     if (c.exists) {
 #pragma unroll
       for (int part = 0; part < kBParts; ++part) load_b(part, false);
     }
   } else if constexpr (kBParts >= kClusterM) {
-    if (c.exists) {
+    if (c.exists && !kSpanShards) {
       load_a(0, false);
       load_a(1, false);
     }
@@ -254,6 +262,55 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
     }
   } else {
     __trap();  // one MN-major box is not split between the pair: such tiles pair columns (schedule.cuh)
+  }
+}
+
+// kSpanShards: the producer warpgroup's threads copy A, the forward's x, along the concatenation.
+constexpr int kSpanCopyThreads = 128;
+constexpr int kSpanRowsPerPass = kSpanCopyThreads / 8;  // 8 copies of 16 bytes a 128-byte row
+
+// What a copying thread needs of its tile: thread t copies chunk t % 8 (columns 8 (t % 8) .. + 7
+// of a k-block) of tile rows t / 8 + 16 i, i < 8, so a warp's copy instruction covers 4 whole
+// 128-byte rows; `rows` of those 8 exist (none of an idle CTA's nonexistent tile).
+struct SpanRows {
+  int64_t first_row;  // element offset of the thread's first row in its shard
+  int rows;
+};
+
+template <typename Element>
+__device__ __forceinline__ SpanRows span_rows(const TileCoord& c, int thread, const CoreArgs& args) {
+  const int inner = c.inner0 + thread / 8;
+  SpanRows r;
+  r.first_row = static_cast<int64_t>(c.outer) * args.x_outer_stride + static_cast<int64_t>(inner) * args.x_inner_stride;
+  r.rows = c.exists ? max(0, min(kBlockM / kSpanRowsPerPass, (args.m_inner - inner + kSpanRowsPerPass - 1) / kSpanRowsPerPass)) : 0;
+  return r;
+}
+
+// k-block `kb` of the tile's x rows, columns 64 kb .. + 63 of the concatenation (one or more
+// shards; each 16-byte copy stays in one, as H % 8 == 0), into the 128-byte-swizzled K-major
+// layout a TMA box gives (row r's chunk q at r * 128 + (q ^ r % 8) * 16); columns past R * H
+// are zero-filled. The copies complete on the stage's full barrier (cp_async_arrive).
+// (TMA boxes zero-fill rows past the tile too; here those rows keep stale data, which only the
+// unstored output rows see.)
+template <typename Element>
+__device__ __forceinline__ void copy_span_kblock(uint8_t* a_dst, int kb, const SpanRows& r, int thread,
+                                                 const CoreArgs& args) {
+  const int chunk = thread % 8;
+  const int row = thread / 8;
+  const int column = kb * kBlockK + chunk * 8;
+  const int shard = fast_divide(column, args.x_shard_width);
+  const bool column_valid = column < args.x_columns;
+  const Element* x = static_cast<const Element*>(args.x);
+  const Element* src = x + r.first_row + static_cast<int64_t>(shard) * args.x_shard_stride +
+                       (column - shard * args.x_shard_width.divisor);
+  const int64_t pass_stride = kSpanRowsPerPass * args.x_inner_stride;
+  const uint32_t dst = smem_address(a_dst) + row * 128 + ((chunk ^ (row % 8)) * 16);
+  // Rows past the tile's last are not copied (their output rows are never stored); columns past
+  // R * H are zero-filled, as they would add to every row (a zero-filled copy reads nothing: x).
+#pragma unroll
+  for (int i = 0; i < kBlockM / kSpanRowsPerPass; ++i) {
+    if (i < r.rows) cp_async16(dst + i * kSpanRowsPerPass * 128, column_valid ? src : x, column_valid ? 16 : 0);
+    src += pass_stride;
   }
 }
 
@@ -326,14 +383,18 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t d
 // split in the cluster the grid has one cluster per tile, so after the tile's last k-block the
 // ring's memory holds the CTA's partial tile for the cluster's sum. The split in the cluster is a
 // separate instantiation (kInCluster): compiled into the paired kernel as runtime branches it cost
-// that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows; run 27's A/B).
-template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTailShards>
+// that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows; run 27's A/B). So is the forward
+// whose A k-blocks run along the concatenation (kSpanShards): its whole producer warpgroup copies
+// A with cp.async, and a stage's full barrier counts those 128 threads' arrivals too.
+template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards>
 __global__ void __launch_bounds__(kThreads, 1)
     core_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                      const __grid_constant__ TailMaps tails, const CoreArgs args) {
 #ifdef VGA_SM90A_DEVICE
   static_assert(kKind != GemmKind::kForwardSwapped || (!kInCluster && kTailShards == 0),
                 "the swapped forward has no split and no packed tails");
+  static_assert(!kSpanShards || (kKind == GemmKind::kForward && kTailShards == 0),
+                "only the forward's A runs along the concatenation, unpacked");
   using Tile = TileShape<kBlockN>;
   constexpr int kStages = Tile::kStages;
   extern __shared__ uint8_t shared_raw[];
@@ -353,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t releasing_ctas = kInCluster ? 1 : kClusterM;  // CTAs whose consumers free a stage
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], 1);
+      mbarrier_init(&full[s], kSpanShards ? 1 + kSpanCopyThreads : 1);
       mbarrier_init(&empty[s], releasing_ctas * kConsumerWarpgroups * 4);  // every such consumer warp
     }
     fence_barrier_init();
@@ -377,8 +438,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     warpgroup_release_registers<kProducerRegisters>();
     // The whole first warp walks the tiles, so the walk's values are warp-uniform (uniform
     // registers, no per-copy waterfall of moves into them); one elected lane issues the copies.
-    if (threadIdx.x < 32) {
-      const bool issuer = elect_one_lane();
+    // With kSpanShards the other three warps walk alongside and every thread copies its part of A.
+    if (threadIdx.x < 32 || kSpanShards) {
+      const bool issuer = threadIdx.x < 32 && elect_one_lane();
       int stage = 0;
       uint32_t phase = 0;
       const int group_elements = args.kblocks_per_group.divisor * kBlockK;
@@ -386,6 +448,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
         const TileCoord c = tile_coord<kBlockN, kInCluster>(tile, cta_rank, args);
         LoadCursor cur = load_cursor(c, args);
+        SpanRows span{};
+        if constexpr (kSpanShards) span = span_rows<Element>(c, threadIdx.x, args);
         if (!cluster_ready) {  // the first tile's walk is done: now the barriers are needed
           cluster_wait();
           cluster_ready = true;
@@ -396,18 +460,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           allow_next_grid();
         }
         // A CTA receives the whole shared operand (its own part and its peer's) and, if its tile
-        // exists, its own copy of the other one.
+        // exists, its own copy of the other one (with kSpanShards, B only: A is not TMA's).
+        const uint32_t a_bytes = kSpanShards ? 0 : Tile::kATileBytes;
         const uint32_t stage_bytes =
-            kInCluster ? Tile::kStageBytes
-            : args.cluster_along_n ? Tile::kATileBytes + (c.exists ? Tile::kBTileBytes : 0)
-                                   : (c.exists ? Tile::kATileBytes : 0) + Tile::kBTileBytes;
+            kInCluster ? a_bytes + Tile::kBTileBytes
+            : args.cluster_along_n ? a_bytes + (c.exists ? Tile::kBTileBytes : 0)
+                                   : (c.exists ? a_bytes : 0) + Tile::kBTileBytes;
         for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
           mbarrier_wait(&empty[stage], phase ^ 1);
           if (issuer) {
             mbarrier_arrive_expect_tx(&full[stage], stage_bytes);
-            load_stage<kKind, kBlockN, kInCluster, kTailShards>(a_tiles + stage * Tile::kATileBytes,
+            load_stage<kKind, kBlockN, kInCluster, kTailShards, kSpanShards>(a_tiles + stage * Tile::kATileBytes,
                                                    b_tiles + stage * Tile::kBTileBytes, &a_map, &b_map, &tails,
                                                    &full[stage], c, cur, kb, cta_rank, args);
+          }
+          if constexpr (kSpanShards) {
+            copy_span_kblock<Element>(a_tiles + stage * Tile::kATileBytes, kb, span, threadIdx.x, args);
+            cp_async_arrive(&full[stage]);
           }
           __syncwarp();
           advance(cur, group_elements);
@@ -415,7 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       if (!cluster_ready) cluster_wait();  // a CTA without tiles
-      if constexpr (!kInCluster) {
+      if (!kInCluster && threadIdx.x < 32) {
         // Every stage filled has been released by the consumers of both CTAs: after this no
         // arrival from the peer targets this CTA's barriers, and no copy of the peer's lands in
         // its shared memory, so the CTA may exit without a cluster barrier (one fewer
@@ -479,6 +548,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           k_in_tile_group = k_left <= kBlockK ? 0 : k_in_tile_group + kBlockK;
         }
         mbarrier_wait(&full[stage], phase);
+        // cp.async wrote A through the generic proxy; wgmma reads it through the async one.
+        if constexpr (kSpanShards) fence_proxy_async_shared();
         const bool first = kb == c.kb_begin;
         if (tail_block) {  // packed shard tails: a whole k-block (shards past R are zeros), a block a shard
           constexpr int kShards = kTailShards > 0 ? kTailShards : 1;
@@ -550,7 +621,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 int max_active_clusters(int cluster_size) {
   using Tile = TileShape<kBlockN>;
-  constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0>;
+  constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0, false>;
   opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
   KernelLaunch launch(dim3(cluster_size), kThreads, Tile::kSharedBytes, nullptr, cluster_size, false);
   int clusters = 0;
@@ -599,19 +670,24 @@ const ResidentClusters& resident_clusters(int32_t device_index) {
 
 // The kernels with packed shard tails are separate instantiations (the forward's only), by the
 // shards a tail k-block holds: compiled into the others as runtime branches they made the n128
-// forward 16-22% slower on every shape (run 57).
+// forward 16-22% slower on every shape (run 57); so is the one along the concatenation.
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const TailMaps& tails,
                         const CoreArgs& args, int clusters, cudaStream_t stream) {
   using Tile = TileShape<kBlockN>;
   KernelLaunch launch(dim3(clusters * args.cluster_size), kThreads, Tile::kSharedBytes, stream, args.cluster_size, true);
   auto launch_with = [&](auto tail_shards) {
-    constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, decltype(tail_shards)::value>;
+    constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, decltype(tail_shards)::value, false>;
     // (the unpacked kernels opted in when resident_clusters asked the driver about them)
     if constexpr (decltype(tail_shards)::value > 0) opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
     launch(kernel, a_map, b_map, tails, args);
   };
   if constexpr (kKind == GemmKind::kForward) {
+    if (args.span_shards) {
+      constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0, true>;
+      opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
+      return launch(kernel, a_map, b_map, tails, args);
+    }
     if (args.tail_shards == 2) return launch_with(std::integral_constant<int, 2>{});
     if (args.tail_shards == 4) return launch_with(std::integral_constant<int, 4>{});
   }
@@ -667,7 +743,7 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   args.k_group_width = static_cast<int>(shape.k_group_width);
   args.kblocks_per_split = plan.kblocks_per_split;
   args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;
-  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n) ? 1 : 0;
+  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n, shape.spans_shards) ? 1 : 0;
   int group_units = 0;  // m units a raster group holds
   if (plan.in_cluster) {
     args.m_units = args.m_tiles;

@@ -33,6 +33,12 @@ __device__ __forceinline__ uint32_t smem_address(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// 16-byte async copy global -> shared (sm_80+); src_bytes = 0 zero-fills (rows and columns past
+// the operand).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
 // All threads of all CTAs in the cluster; orders shared-memory (and barrier) state across them.
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -98,6 +104,12 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
 
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
+// One of the barrier's expected arrivals, made when this thread's cp.async copies issued so far
+// have landed (their writes are then visible to the threads that wait on the barrier's phase).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_address(bar)) : "memory");
 }
 
 // True in one lane of the (converged) warp: the lane that issues for the warp.

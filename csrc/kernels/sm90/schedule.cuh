@@ -126,6 +126,13 @@ struct CoreArgs {
   int tail_shards;        // ... shards whose tail columns make one k-block (64 / (H % 64))
   int tail_h;             // ... the first tail column of a shard (H - H % 64)
   int x_4d;  // x's view is (H, inner, outer, R)
+  // The forward whose k-blocks run along the concatenation (one reduction group of R * H), its A
+  // copied from x by the producer warpgroup (gemm.cuh, kSpanShards); strides in elements.
+  int span_shards;
+  const void* x;
+  int64_t x_shard_stride, x_outer_stride, x_inner_stride;
+  FastDivisor x_shard_width;  // H
+  int x_columns;              // R * H
   OutputScatter scatter;  // kGradInput: where grad_x's rows and columns go (x's layout or the concat)
   int vector_store;  // every 16-byte store of 8 elements is aligned (run_core's conditions, by kind)
   // The previous kernel of the stream is one this grid neither reads from nor writes what it
@@ -190,6 +197,8 @@ struct CoreShape {
   // The forward's packed shard tails: k-blocks after the groups', each the tail columns of several
   // shards, holding `tail_elements` of the reduction in all.
   int64_t tail_kblocks = 0, tail_elements = 0;
+  // The forward along the concatenation (one group of R * H), A copied by cp.async (gemm.cuh).
+  bool spans_shards = false;
   // The forward computed transposed (GemmKind::kForwardSwapped): M is W's rows, N the tokens, in
   // the token widths below and without a reduction split.
   bool token_tiles = false;
@@ -225,7 +234,10 @@ inline int64_t cluster_tiles(int64_t m_tiles, int64_t n_tiles, bool along_n) {
 }
 // 64-wide tiles always pair columns: their B tile is one MN-major box for the backward kinds (not
 // split between two CTAs), and their A tile is the larger operand, so sharing it saves the most.
-inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n) {
+// A forward whose A is copied along the concatenation (CoreShape::spans_shards) always pairs rows:
+// its A is each CTA's own cp.async copy, which a pair cannot share.
+inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n, bool spans_shards) {
+  if (spans_shards) return false;
   return block_n == 64 || cluster_tiles(m_tiles, n_tiles, true) < cluster_tiles(m_tiles, n_tiles, false);
 }
 
@@ -258,8 +270,9 @@ struct PlanConstants {
   double split_launch_us;
   double cluster_slice_us;
   double cluster_unshared;
+  double span_kblock_us;  // the least a k-block along the concatenation takes: its cp.async copy of A
 };
-constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75, 0.2};
+constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75, 0.2, 0.4};
 
 // A k-block's time at a tile width: the fitted widths' constants, linear in between (the token
 // widths: 112 between 64 and 128, 176 between 128 and 192, 240 between 192 and 256).
@@ -276,7 +289,10 @@ inline double kblock_us_of(int block_n, const PlanConstants& k) {
 
 inline double plan_cost(const CoreShape& s, const CorePlan& plan, const ResidentClusters& resident,
                         const PlanConstants& k = kPlanConstants) {
-  const double kblock_us = kblock_us_of(plan.block_n, k);
+  // A forward along the concatenation copies A with cp.async, ~0.4 µs a k-block whatever the
+  // width (run 79: 0.41-0.42 at 64-wide tiles on three layers), so narrow tiles gain nothing there.
+  const double kblock_us =
+      s.spans_shards ? std::max(kblock_us_of(plan.block_n, k), k.span_kblock_us) : kblock_us_of(plan.block_n, k);
   const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, kBlockM);
   const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, plan.block_n);
   const double rows = static_cast<double>(s.m_outer * s.m_inner);
@@ -295,7 +311,7 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
     const double cluster_job_us = job_us + plan.kblocks_per_split * kblock_us * step_fill * unshared;
     return std::max(static_cast<double>(rounds) * (cluster_job_us + k.cluster_slice_us * plan.splits), hbm_us);
   }
-  const int64_t jobs = cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n)) * plan.splits;
+  const int64_t jobs = cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n, s.spans_shards)) * plan.splits;
   const int64_t rounds = ceil_div(jobs, std::max(1, resident.pairs));
   double cost = std::max(static_cast<double>(rounds) * job_us, hbm_us);
   if (plan.splits > 1) cost += rows * columns * (8.0 * plan.splits + 2.0) / k.split_bytes_per_us + k.split_launch_us;

@@ -3,7 +3,8 @@
 // dims do not merge, so one box of a shard's h for consecutive rows is one bulk copy, zero-filled
 // past H and past the rows. W is viewed as (H, R, K) along its rows (K-major, the forward) or as
 // (R*H, K) along its columns (MN-major, grad_x); grad_out as (K, rows) both ways. The forward's
-// packed shard tails use the same views of x and W with narrower boxes (32- or 64-byte swizzle).
+// packed shard tails use the same views of x and W with narrower boxes (32- or 64-byte swizzle);
+// the forward whose k-blocks run along the concatenation reads W as (R*H, 1, K).
 // (Names: csrc/kernels/README.md, "Glossary".)
 #pragma once
 
@@ -82,6 +83,19 @@ inline CUtensorMap w_tensor_map(const ForwardProblem& p, cuuint32_t box_h, cuuin
                                  tma_byte_stride(p.out_features, p.weight_stride_out, H, p.dtype)};
   const cuuint32_t box[3] = {box_h, 1, box_rows};
   return encode_swizzled_tensor_map(p.weight, tensor_map_type(p.dtype), 3, dims, strides, box, swizzle);
+}
+
+// W as (R*H, 1, K): the forward's K-major B where its k-blocks run along the concatenation (W's
+// rows are the concatenation already); box_h elements of a row for box_rows output features.
+// Laid out as w_tensor_map's view of one shard, so the same copy coordinates (h0, 0, n) address it.
+inline CUtensorMap w_concat_tensor_map(const ForwardProblem& p, cuuint32_t box_h, cuuint32_t box_rows) {
+  const int64_t columns = p.num_shards * p.shard_width;
+  const cuuint64_t dims[3] = {cuuint64_t(columns), 1, cuuint64_t(p.out_features)};
+  const cuuint64_t strides[2] = {cuuint64_t(columns * dtype_size(p.dtype)),
+                                 tma_byte_stride(p.out_features, p.weight_stride_out, columns, p.dtype)};
+  const cuuint32_t box[3] = {box_h, 1, box_rows};
+  return encode_swizzled_tensor_map(p.weight, tensor_map_type(p.dtype), 3, dims, strides, box,
+                                    CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // A row-major matrix (`inner` contiguous elements a row, `rows` rows `row_stride` apart, plus an
