@@ -218,19 +218,12 @@ def dispatch_name(key):
     return name.rsplit("/", 1)[0] if int(name.split("/")[1][1:]) in TOKEN_WIDTHS else name
 
 
-def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
-    """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
-    this product: choose_plan's cheapest plan of each orientation, where a rival displaces the plan
-    so far only when it is 3% cheaper, then the swapped one only if 3% cheaper (sm90_gemm.cuh); and
-    the keys the rule could pick at all. (None, []) if none. `resident`: the cluster counts (RESIDENT's
-    keys). The shapes are 3-D x's (one outer batch index)."""
-    shapes = {False: core_shape(rec, kind, skips_fill, layout),
-              True: core_shape(rec, kind, skips_fill, layout, token_tiles=True)}
-    first_only = kind == "fwd" and (layout != "per_shard" and rec["H"] % 64 in (16, 32)
-                                    or layout == "span" and rec["H"] % 64 != 0)
+def _plans(kind, p, keys, shapes, first_only, resident):
+    """(cost, key, order) of each plan among `keys` that choose_plan weighs, on `shapes` ({swapped:
+    CoreShape}); `order` is choose_plan's (the simpler plan first)."""
     candidates = []
     for key in keys:
-        width, split = key.split("/")[1:]
+        width, split = key.split("/")[1:3]
         block_n, splits, in_cluster = int(width[1:]), int(split[1:]), split[0] == "c"
         swapped = block_n in TOKEN_WIDTHS
         if swapped and first_only:
@@ -245,14 +238,49 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
             continue  # the rule gives every CTA of the cluster a slice, all clusters in one round
         cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts)
         candidates.append((cost, key, (swapped, -block_n, in_cluster, splits)))
-    if not candidates:
-        return None, []
+    return candidates
+
+
+def _cheapest(candidates):
+    """choose_plan's pick per orientation ({swapped: (cost, key, order)}): in its order, a rival
+    displaces the plan so far only when it is 3% cheaper."""
     best = {}
     for c in sorted(candidates, key=lambda c: c[2]):
         if c[2][0] not in best or c[0] < best[c[2][0]][0] * 0.97:
             best[c[2][0]] = c
+    return best
+
+
+def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
+    """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
+    this product, and the keys the rule could pick at all ((None, []) if none): sm90_gemm_plan's
+    rule. choose_plan's cheapest plan of each orientation, the swapped one only if 3% cheaper; with
+    the "span" layout, where H % 64 is not 0, 16 or 32, the cheapest plan along the concatenation
+    ("fwd_sm90_gemm/n128/s1/span": each non-token key's span variant is weighed) if 3% cheaper than
+    that one with its zero fill charged. `resident`: the cluster counts (RESIDENT's keys). The
+    shapes are 3-D x's (one outer batch index)."""
+    spans = kind == "fwd" and layout == "span" and rec["H"] % 64 not in (0, 16, 32)
+    shard_layout = "packed" if layout == "span" else layout
+    shapes = {False: core_shape(rec, kind, skips_fill, shard_layout),
+              True: core_shape(rec, kind, skips_fill, shard_layout, token_tiles=True)}
+    first_only = kind == "fwd" and shard_layout != "per_shard" and rec["H"] % 64 in (16, 32)
+    shard_keys = [k for k in keys if not k.endswith("/span")]
+    candidates = _plans(kind, p, shard_keys, shapes, first_only, resident)
+    if not candidates:
+        return None, []
+    best = _cheapest(candidates)
     swaps = True in best and (False not in best or best[True][0] < 0.97 * best[False][0])
-    return best[swaps][1], [c[1] for c in candidates]
+    chosen, eligible = best[swaps][1], [c[1] for c in candidates]
+    if spans:
+        span_keys = sorted({k.removesuffix("/span") for k in keys if int(k.split("/")[1][1:]) not in TOKEN_WIDTHS})
+        span = _cheapest(_plans(kind, p, span_keys, {False: core_shape(rec, kind, skips_fill, "span")}, True, resident))
+        if span:
+            charged = {sw: dict(shape, skips_fill=False) for sw, shape in shapes.items()}
+            chosen_cost = _plans(kind, p, [chosen], charged, first_only, resident)[0][0]
+            eligible += [k + "/span" for k in span_keys]
+            if span[False][0] < 0.97 * chosen_cost:
+                chosen = span[False][1] + "/span"
+    return chosen, eligible
 
 
 def regrets(recs, p, kinds=("fwd", "gx", "gw"), report=False, skips_fill=True, layout="span"):

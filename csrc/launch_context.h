@@ -158,9 +158,9 @@ inline ForwardProblem describe_shards(const Tensor& x, int64_t out_features) {
 }
 
 // "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n64, n128,
-// n192, n256; or the forward's token widths n112, n176, n240, which run it swapped) and reduction
-// split, across the grid (s<count>) or in the cluster (c2, c4, c8), so
-// tests and benchmarks reach every configuration.
+// n192, n256; or the forward's token widths n112, n176, n240, which run it swapped), reduction
+// split, across the grid (s<count>) or in the cluster (c2, c4, c8), and the forward's layout of
+// its k-blocks (shards, span), so tests and benchmarks reach every configuration.
 inline ForcedConfig parse_forced_config(const std::string& options, const std::string& spec, const char* op) {
   ForcedConfig forced;
   size_t start = 0;
@@ -178,9 +178,11 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
       forced.splits = value;
     } else if (numeric && option[0] == 'c' && (value == 2 || value == 4 || value == 8)) {
       forced.cluster_splits = value;
+    } else if (option == "shards" || option == "span") {
+      forced.layout = option == "span" ? kSpanLayout : kShardLayout;
     } else {
       STD_TORCH_CHECK(false, op, ": bad configuration '", option, "' in '", spec,
-                      "'; expected n64, n128, n192, n256, n112, n176, n240, s<1..64> or c2, c4, c8");
+                      "'; expected n64, n128, n192, n256, n112, n176, n240, s<1..64>, c2, c4, c8, shards or span");
     }
     start = end + 1;
   }

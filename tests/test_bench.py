@@ -452,7 +452,8 @@ def test_the_python_plan_model_picks_what_the_dispatch_runs():
     probe = torch.empty(1, 1, 8, dtype=torch.bfloat16, device="cuda")
     resident = core_configs.resident_of(torch.ops.vga._sm90_resident_clusters(probe))
     compared = 0
-    for R, H, K in core_configs.LAYERS:
+    # (and heads whose k-blocks may run along the concatenation: the "/span" choices)
+    for R, H, K in core_configs.LAYERS + [(16, 48, 768), (8, 136, 1088), (32, 112, 3584), (40, 112, 4480)]:
         for rows in (100, 256, 333, 512, 1024, 2048, 8192):
             x = torch.randn(R, rows, H, dtype=torch.bfloat16, device="cuda")
             w = torch.randn(K, R * H, dtype=torch.bfloat16, device="cuda")

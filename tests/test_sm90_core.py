@@ -24,13 +24,17 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
 # The forward's token widths: the product computed transposed (W's rows as M, the tokens as N), its
 # tile stored transposed; the backward products do not take them.
 TOKEN_CONFIGS = ["sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
+# The forward's k-blocks along the concatenation, forced ("span": H % 64 != 0 only), at each width,
+# split across the grid and in the cluster.
+SPAN_CONFIGS = ["sm90_gemm/span", "sm90_gemm/n64/span", "sm90_gemm/n128/s3/span", "sm90_gemm/n192/span",
+                "sm90_gemm/n256/c4/span", "sm90_gemm/n64/c2/span"]
 # (R, batch, H, K): tails in rows (not a multiple of 128 or 64), K (not a multiple of 64, 128, 256),
 # H (80, 96, 8), one batch row, odd tile counts for the clusters of 2, two batch dims; shards
 # narrower than a k-block (16, 32, 48) and a 112-wide one whose reduction splits start inside a
 # shard. H % 64 = 16 or 32 packs the shards' tail columns into k-blocks of 4 or 2 shards (80, 96,
-# 16, 32; R not a multiple of that: the last such k-block reads shards past R as zeros); the
-# forward's other widths that are not a multiple of 64 (8, 48, 112, 136: a 4-D x among them) run its
-# k-blocks along the concatenation, A copied by cp.async across shard boundaries.
+# 16, 32; R not a multiple of that: the last such k-block reads shards past R as zeros). Forced
+# "span" (SPAN_CONFIGS) runs the forward's k-blocks along the concatenation instead, A copied by
+# cp.async across shard boundaries, on every width here that is not a multiple of 64.
 SHAPES = [
     (4, (130,), 64, 200),
     (3, (77,), 80, 264),
@@ -95,6 +99,28 @@ def test_forward_configs(config, dtype, shape, layout):
     for bias in (True, False):
         w, b = make_params(R, H, K, dtype, "cuda", bias=bias)
         assert_close_to_float64(run_op(x, w, b, config), x, w, b)
+
+
+@pytest.mark.parametrize("config", SPAN_CONFIGS)
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("shape", [s for s in FORWARD_SHAPES if s[2] % 64 != 0], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_forward_along_the_concatenation(config, dtype, shape, layout):
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
+    for bias in (True, False):
+        w, b = make_params(R, H, K, dtype, "cuda", bias=bias)
+        assert_close_to_float64(run_op(x, w, b, config), x, w, b)
+
+
+def test_span_needs_a_width_that_is_not_a_multiple_of_64():
+    x = make_x(2, (130,), 64, torch.bfloat16, "cuda")
+    w, b = make_params(2, 64, 72, torch.bfloat16, "cuda")
+    with pytest.raises(RuntimeError, match="layout 'span'.*needs H % 64 != 0; H is 64"):
+        run_op(x, w, b, "sm90_gemm/span")
+    with pytest.raises(RuntimeError, match="token widths.*not 'span'"):
+        run_op(make_x(2, (130,), 48, torch.bfloat16, "cuda"), *make_params(2, 48, 72, torch.bfloat16, "cuda"),
+               "sm90_gemm/n112/span")
 
 
 @pytest.mark.parametrize("config", CONFIGS + ["generic"])

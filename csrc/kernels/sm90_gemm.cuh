@@ -5,18 +5,20 @@
 // concat is never materialised. Where H % 64 is 16 or 32 (80-, 96-, 32-wide heads) the shards'
 // tail columns are packed instead, 64 / (H % 64) shards' tails to a k-block after the shards'
 // whole k-blocks (boxes of 32- or 64-byte rows, one shard's block after another: gemm.cuh). Other
-// widths that are not a multiple of 64 run the k-blocks along the concatenation instead (one
+// widths that are not a multiple of 64 may run the k-blocks along the concatenation instead (one
 // reduction group of R * H, no zero fill): x's k-block, which may cross shards, copied by cp.async
-// 16 bytes at a time (gemm.cuh, kSpanShards), W through its (R*H, 1, K) view. Packing keeps the
-// 80- and 96-wide heads: it needs as few k-blocks as the concatenation and copies them by TMA
-// (run 80: the concatenation's copies lost 1-14% there). Tile
+// 16 bytes at a time (gemm.cuh, kSpanShards), W through its (R*H, 1, K) view; the plan takes it
+// where its fewer k-blocks outweigh their dearer copies (sm90_gemm_plan: run 83 on an H100, -7 to
+// -21% from 1024 rows, up to +49% at 100-256 rows where it had been taken for every shape). Packing
+// keeps the 80- and 96-wide heads: it needs as few k-blocks as the concatenation and copies them
+// by TMA (run 80: the concatenation's copies lost 1-14% there). Tile
 // width (64, 128, 192 or 256) and reduction split (none, across the grid, or in a cluster) come
 // from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they fill the GPU, narrower
 // tiles and splits where they would leave SMs idle (100-1024 rows, small K). Or the product runs
 // transposed (kForwardSwapped: W's rows in 128-row tiles, the tokens in tiles of 112, 176 or 240)
 // where the plan model says the tokens' padding to 128-row tiles costs more than 3% (333 rows are
 // 3 x 128 = 384 rows of work, 2 x 176 = 352 swapped): the rule compares the two orientations'
-// cheapest plans. Shapes that pack shard tails or run along the concatenation keep the first one.
+// cheapest plans. Shapes that pack shard tails keep the first one.
 #pragma once
 
 #include <string>
@@ -64,11 +66,9 @@ inline sm90::TailMaps packed_tail_maps(const ForwardProblem& p, const sm90::RowV
       sm90::w_tensor_map(p, box_h, w_rows, swizzle)};
 }
 
-// Whether the forward's k-blocks run along the concatenation: H is not a multiple of 64 and its
-// tails do not pack (see the top).
-inline bool sm90_gemm_spans_shards(const ForwardProblem& p) {
-  return p.shard_width % sm90::kBlockK != 0 && sm90_gemm_packed_tail(p) == 0;
-}
+// Whether the forward may run its k-blocks along the concatenation: H is not a multiple of 64 (the
+// plan weighs it where the tails do not pack either: sm90_gemm_plan).
+inline bool sm90_gemm_can_span(const ForwardProblem& p) { return p.shard_width % sm90::kBlockK != 0; }
 
 // The swapped forward's shape: M = W's rows, N = the tokens (groups = x's outer batch index,
 // which a token tile never straddles), the reduction R shards of H (unpacked).
@@ -102,41 +102,70 @@ inline sm90::CoreShape sm90_gemm_shape(const ForwardProblem& p, const sm90::RowV
   return shape;
 }
 
-// The forward's x view and its product in both orientations.
+// The forward's x view and its product in both orientations, and along the concatenation.
 struct Sm90GemmShapes {
   sm90::RowView rows;
   int64_t tail;            // sm90_gemm_packed_tail
-  bool spans_shards;       // sm90_gemm_spans_shards
-  sm90::CoreShape shape;   // rows x K (sm90_gemm_shape)
+  bool can_span;           // sm90_gemm_can_span
+  sm90::CoreShape shape;   // rows x K, k-blocks a shard (sm90_gemm_shape)
+  sm90::CoreShape span;    // rows x K, k-blocks along the concatenation (where can_span)
   sm90::CoreShape swapped; // K x rows in token tiles (sm90_gemm_token_tile_shape)
 };
 
 inline Sm90GemmShapes sm90_gemm_shapes(const ForwardProblem& p) {
   const sm90::RowView rows = sm90::row_view(p);
   const int64_t tail = sm90_gemm_packed_tail(p);
-  const bool spans = sm90_gemm_spans_shards(p);
-  return {rows, tail, spans, sm90_gemm_shape(p, rows, tail, spans), sm90_gemm_token_tile_shape(p, rows)};
+  const bool can_span = sm90_gemm_can_span(p);
+  return {rows, tail, can_span, sm90_gemm_shape(p, rows, tail, false), sm90_gemm_shape(p, rows, 0, true),
+          sm90_gemm_token_tile_shape(p, rows)};
 }
 
-// What sm90_gemm_forward runs: the orientation and the core's plan for it. The rule: the cheaper
-// orientation by 3%, as between plans, unless a width or a split is forced (a token width forces
-// the swapped one) or the shape packs shard tails or runs along the concatenation (the first one only).
+// What sm90_gemm_forward runs: the layout, the orientation and the core's plan for them. The rule:
+// the cheapest of the shards' layout in either orientation and the concatenation's, a rival
+// displacing the plan so far only if 3% cheaper (as between plans), unless a width, a split or a
+// layout is forced (a token width forces the swapped orientation, "span" the concatenation) or the
+// shape packs shard tails (the shards' layout, first orientation). The concatenation's cost is
+// weighed against the shards' layout with its zero fill charged: a stage costs what it copies, fill
+// included (run 54), which plan_cost's fill discount leaves out between plans of one layout.
 struct Sm90GemmPlan {
   bool swapped;
+  bool spans_shards;
   sm90::CorePlan plan;
 };
+
+// The shape with each group's zero fill counted as reduction (plan_cost's fill discount off).
+inline sm90::CoreShape with_fill_charged(sm90::CoreShape s) {
+  s.k_group_width = s.kblocks_per_group() * sm90::kBlockK;
+  return s;
+}
 
 template <typename Element>
 Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
   using namespace sm90;
+  STD_TORCH_CHECK(p.forced.layout != kSpanLayout || s.can_span, "vga sm90_gemm: layout 'span' (k-blocks along the "
+                  "concatenation) needs H % 64 != 0; H is ", p.shard_width);
+  STD_TORCH_CHECK(p.forced.layout != kSpanLayout || !is_token_width(p.forced.block_n),
+                  "vga sm90_gemm: the token widths (n112, n176, n240) run k-blocks a shard, not 'span'");
+  if (p.forced.layout == kSpanLayout) {
+    return {false, true, core_plan<GemmKind::kForward, Element>(s.span, p.forced, p.device_index)};
+  }
   if (is_token_width(p.forced.block_n)) {
-    return {true, core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index)};
+    return {true, false, core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index)};
   }
   const CorePlan plan = core_plan<GemmKind::kForward, Element>(s.shape, p.forced, p.device_index);
-  const bool forced_other = p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0;
-  if (forced_other || s.tail != 0 || s.spans_shards) return {false, plan};
+  const bool forced_other =
+      p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0 || p.forced.layout != 0;
+  if (forced_other || s.tail != 0) return {false, false, plan};
   const CorePlan swapped = core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index);
-  return swapped.cost < 0.97 * plan.cost ? Sm90GemmPlan{true, swapped} : Sm90GemmPlan{false, plan};
+  const Sm90GemmPlan shards = swapped.cost < 0.97 * plan.cost ? Sm90GemmPlan{true, false, swapped}
+                                                              : Sm90GemmPlan{false, false, plan};
+  if (!s.can_span) return shards;
+  const CorePlan span = core_plan<GemmKind::kForward, Element>(s.span, p.forced, p.device_index);
+  const double shards_cost =
+      shards.swapped
+          ? plan_cost(with_fill_charged(s.swapped), shards.plan, resident_clusters<GemmKind::kForwardSwapped, Element>(p.device_index))
+          : plan_cost(with_fill_charged(s.shape), shards.plan, resident_clusters<GemmKind::kForward, Element>(p.device_index));
+  return span.cost < 0.97 * shards_cost ? Sm90GemmPlan{false, true, span} : shards;
 }
 
 // The configuration the forward runs for p, as the forced-configuration names spell it
@@ -148,6 +177,7 @@ inline std::string sm90_gemm_config(const ForwardProblem& p) {
   visit_half_dtype(p.dtype, [&](auto element) { chosen = sm90_gemm_plan<decltype(element)>(p, shapes); });
   std::string name = "n" + std::to_string(chosen.plan.block_n);
   if (!chosen.swapped) name += (chosen.plan.in_cluster ? "/c" : "/s") + std::to_string(chosen.plan.splits);
+  if (chosen.spans_shards) name += "/span";
   return name;
 }
 
@@ -172,10 +202,10 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
                                                    p.workspace, p.device_index, stream);
       return;
     }
-    args.tail_shards = static_cast<int>(tail > 0 ? kBlockK / tail : 0);
+    args.tail_shards = static_cast<int>(tail > 0 && !chosen.spans_shards ? kBlockK / tail : 0);
     args.tail_h = static_cast<int>(p.shard_width - tail);
     const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
-    if (shapes.spans_shards) {  // A by cp.async (x_map unused but for its prefetch), W along its rows
+    if (chosen.spans_shards) {  // A by cp.async (x_map unused but for its prefetch), W along its rows
       args.span_shards = 1;
       args.x = p.x;
       args.x_shard_stride = p.x_stride_shard;
@@ -185,12 +215,12 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
       args.x_columns = static_cast<int>(p.num_shards * p.shard_width);
     }
     auto w_map_for = [&](int block_n) {
-      return shapes.spans_shards ? w_concat_tensor_map(p, kBlockK, block_n / kClusterM)
+      return chosen.spans_shards ? w_concat_tensor_map(p, kBlockK, block_n / kClusterM)
                                  : w_tensor_map(p, kBlockK, block_n / kClusterM);
     };
     auto tail_maps_for = [&](int block_n) { return packed_tail_maps(p, rows, tail, 64, block_n / kClusterM); };
-    run_core<GemmKind::kForward, Element>(shapes.shape, chosen.plan, args, x_map, w_map_for, p.workspace,
-                                          p.device_index, stream, tail_maps_for);
+    run_core<GemmKind::kForward, Element>(chosen.spans_shards ? shapes.span : shapes.shape, chosen.plan, args, x_map,
+                                          w_map_for, p.workspace, p.device_index, stream, tail_maps_for);
   });
 }
 
