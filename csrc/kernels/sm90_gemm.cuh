@@ -39,8 +39,6 @@ inline const char* sm90_gemm_refusal(const ForwardProblem& p) {
     return "two unmergeable batch dims with the inner one too short for 128-row tiles";
   if ((m_tiles + kClusterM) * ceil_div(p.out_features, 64) * 16 > kMaxCoordinate) return "too many output tiles";
   if (ceil_div(p.shard_width, kBlockK) * p.num_shards > kMaxCoordinate) return "reduction too long";
-  if (p.shard_width % kBlockK != 0 && p.num_shards * p.shard_width > kMaxCoordinate - 2 * kBlockK)
-    return "R * H >= 2^31 with H not a multiple of 64";
   if (p.rows() * p.out_features * 16 * 4 > (int64_t(1) << 40)) return "output too large for split partial sums";
   return nullptr;
 }
@@ -67,8 +65,11 @@ inline sm90::TailMaps packed_tail_maps(const ForwardProblem& p, const sm90::RowV
 }
 
 // Whether the forward may run its k-blocks along the concatenation: H is not a multiple of 64 (the
-// plan weighs it where the tails do not pack either: sm90_gemm_plan).
-inline bool sm90_gemm_can_span(const ForwardProblem& p) { return p.shard_width % sm90::kBlockK != 0; }
+// plan weighs it where the tails do not pack either: sm90_gemm_plan), and the concatenation's
+// column coordinate, R * H plus a k-block past it, fits the TMA and cp.async walk's int.
+inline bool sm90_gemm_can_span(const ForwardProblem& p) {
+  return p.shard_width % sm90::kBlockK != 0 && p.num_shards * p.shard_width <= sm90::kMaxCoordinate - 2 * sm90::kBlockK;
+}
 
 // The swapped forward's shape: M = W's rows, N = the tokens (groups = x's outer batch index,
 // which a token tile never straddles), the reduction R shards of H (unpacked).
@@ -143,7 +144,8 @@ template <typename Element>
 Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
   using namespace sm90;
   STD_TORCH_CHECK(p.forced.layout != kSpanLayout || s.can_span, "vga sm90_gemm: layout 'span' (k-blocks along the "
-                  "concatenation) needs H % 64 != 0; H is ", p.shard_width);
+                  "concatenation) needs H % 64 != 0 and R * H < 2^31 - 128; H is ", p.shard_width, ", R * H ",
+                  p.num_shards * p.shard_width);
   STD_TORCH_CHECK(p.forced.layout != kSpanLayout || !is_token_width(p.forced.block_n),
                   "vga sm90_gemm: the token widths (n112, n176, n240) run k-blocks a shard, not 'span'");
   if (p.forced.layout == kSpanLayout) {
@@ -161,10 +163,9 @@ Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
                                                               : Sm90GemmPlan{false, false, plan};
   if (!s.can_span) return shards;
   const CorePlan span = core_plan<GemmKind::kForward, Element>(s.span, p.forced, p.device_index);
-  const double shards_cost =
-      shards.swapped
-          ? plan_cost(with_fill_charged(s.swapped), shards.plan, resident_clusters<GemmKind::kForwardSwapped, Element>(p.device_index))
-          : plan_cost(with_fill_charged(s.shape), shards.plan, resident_clusters<GemmKind::kForward, Element>(p.device_index));
+  const ResidentClusters& resident = shards.swapped ? resident_clusters<GemmKind::kForwardSwapped, Element>(p.device_index)
+                                                    : resident_clusters<GemmKind::kForward, Element>(p.device_index);
+  const double shards_cost = plan_cost(with_fill_charged(shards.swapped ? s.swapped : s.shape), shards.plan, resident);
   return span.cost < 0.97 * shards_cost ? Sm90GemmPlan{false, true, span} : shards;
 }
 
