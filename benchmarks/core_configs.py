@@ -98,7 +98,8 @@ def measure(args):
 
 # The plan model of csrc/kernels/sm90/schedule.cuh (plan_cost), in Python, its constants a dict.
 CONSTANTS = ("kblock_us_256", "kblock_us_192", "kblock_us_128", "kblock_us_64", "job_us", "hbm_bytes_per_us", "split_bytes_per_us",
-             "split_launch_us", "cluster_slice_us", "cluster_unshared", "span_kblock_us")
+             "split_launch_us", "cluster_slice_us", "cluster_unshared", "span_kblock_us", "span_b_kblock_us",
+             "span_b_kblock_us_per_64")
 
 
 def tile_counts(shape, block_n):
@@ -121,7 +122,11 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     reduction = reduction_elements(shape)
     step_fill = reduction / (kblocks(shape) * 64)
     hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / p["hbm_bytes_per_us"]
-    kb_us = max(kblock_us(block_n, p), p["span_kblock_us"]) if shape.get("spans_shards") else kblock_us(block_n, p)
+    # an operand copied along the concatenation: the forward's A (16 KB a k-block), grad_weight's B
+    # (block_n x 64: as many bytes per 128 columns)
+    span_floor = {"A": p["span_kblock_us"],
+                  "B": p["span_b_kblock_us"] + p["span_b_kblock_us_per_64"] * block_n / 64}.get(shape.get("span_copy"), 0.0)
+    kb_us = max(kblock_us(block_n, p), span_floor)
     job_us = per_split * kb_us * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
         rounds = math.ceil(m_tiles * n_tiles / resident[splits])
@@ -130,7 +135,8 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
         return max(rounds * (job_us + p["cluster_slice_us"] * splits), hbm_us)
     pair_rows = math.ceil(m_tiles / 2) * n_tiles
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
-    columns_paired = not shape.get("spans_shards") and (block_n == 64 or pair_columns < pair_rows)
+    copied = shape.get("span_copy")
+    columns_paired = copied == "B" if copied else (block_n == 64 or pair_columns < pair_rows)
     jobs = (pair_columns if columns_paired else pair_rows) * splits
     cost = max(math.ceil(jobs / resident["pairs"]) * job_us, hbm_us)
     if splits > 1:
@@ -141,7 +147,9 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
 # How the forward lays its reduction out where H % 64 != 0, by build: k-blocks a shard, the last
 # zero-filled (runs 22-58); the tails of H % 64 = 16 or 32 packed 4 or 2 shards a k-block (runs
 # 59-80); those packed and the other widths' k-blocks along the concatenation (one group of R * H,
-# its pairs always of row tiles: run 81 on).
+# its pairs always of row tiles: run 81 on). core_shape's "span" is that layout's shape along the
+# concatenation, for grad_weight too where H % 64 != 0 (its columns, B copied by cp.async, pairs
+# of column tiles: run 88 on); pick weighs it against the shards' ("packed").
 LAYOUTS = ("per_shard", "packed", "span")
 
 
@@ -155,7 +163,7 @@ def core_shape(rec, kind, skips_fill=True, layout="span", token_tiles=False):
         shape = dict(m_outer=1, m_inner=K, n_groups=1, width=rows, k_groups=R, k_group_width=H)
     elif kind == "fwd" and layout == "span" and H % 64 not in (0, 16, 32):
         shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=K, k_groups=1, k_group_width=R * H,
-                     spans_shards=True)
+                     span_copy="A")
     elif kind == "fwd":
         tail = H % 64 if layout != "per_shard" and H % 64 in (16, 32) else 0
         shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=K, k_groups=R, k_group_width=H - tail,
@@ -163,9 +171,10 @@ def core_shape(rec, kind, skips_fill=True, layout="span", token_tiles=False):
     elif kind == "gx":
         shape = dict(m_outer=1, m_inner=rows, n_groups=1, width=R * H, k_groups=1, k_group_width=K)
     else:
-        span = H % 64 == 0
-        shape = dict(m_outer=1, m_inner=K, n_groups=1 if span else R, width=R * H if span else H, k_groups=1,
-                     k_group_width=rows)
+        copies = layout == "span" and H % 64 != 0  # (pick asks for the shards' as "packed")
+        one_group = H % 64 == 0 or copies
+        shape = dict(m_outer=1, m_inner=K, n_groups=1 if one_group else R, width=R * H if one_group else H,
+                     k_groups=1, k_group_width=rows, **({"span_copy": "B"} if copies else {}))
     return dict(shape, skips_fill=skips_fill)
 
 
@@ -257,8 +266,14 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     rule. choose_plan's cheapest plan of each orientation, the swapped one only if 3% cheaper; with
     the "span" layout, where H % 64 is not 0, 16 or 32, the cheapest plan along the concatenation
     ("fwd_sm90_gemm/n128/s1/span": each non-token key's span variant is weighed) if 3% cheaper than
-    that one with its zero fill charged. `resident`: the cluster counts (RESIDENT's keys). The
-    shapes are 3-D x's (one outer batch index)."""
+    that one with its zero fill charged. grad_weight where H % 64 != 0: its columns along the
+    concatenation always (sm90_grad_weight_plan), the cheapest such plan. `resident`: the cluster
+    counts (RESIDENT's keys). The shapes are 3-D x's (one outer batch index)."""
+    if kind == "gw" and layout == "span" and rec["H"] % 64 != 0:  # always the concatenation's columns
+        span_keys = [k for k in keys if k.endswith("/span")]
+        span = _cheapest(_plans(kind, p, [k.removesuffix("/span") for k in span_keys],
+                                {False: core_shape(rec, kind, skips_fill, "span")}, True, resident))
+        return (span[False][1] + "/span", span_keys) if span else (None, [])
     spans = kind == "fwd" and layout == "span" and rec["H"] % 64 not in (0, 16, 32)
     shard_layout = "packed" if layout == "span" else layout
     shapes = {False: core_shape(rec, kind, skips_fill, shard_layout),
@@ -313,7 +328,8 @@ def fit(path, kinds, layout="span"):
                 kblock_us_64=[0.12, 0.15, 0.18, 0.2, 0.22, 0.25, 0.3], job_us=[0.0, 1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0],
                 hbm_bytes_per_us=[1.5e6, 2e6, 2.5e6, 3e6, 3.5e6, 4e6, 5e6], split_bytes_per_us=[0.5e6, 1e6, 1.5e6, 2e6, 3e6],
                 split_launch_us=[1.0, 2.0, 3.0, 4.0, 6.0], cluster_slice_us=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
-                cluster_unshared=[0.0, 0.1, 0.2, 0.3, 0.5], span_kblock_us=[0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6])
+                cluster_unshared=[0.0, 0.1, 0.2, 0.3, 0.5], span_kblock_us=[0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6],
+                span_b_kblock_us=[0.15, 0.2, 0.23, 0.3], span_b_kblock_us_per_64=[0.1, 0.13, 0.16, 0.2])
     p = {k: v[len(v) // 2] for k, v in grid.items()}
 
     def score(q):

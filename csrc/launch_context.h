@@ -159,8 +159,9 @@ inline ForwardProblem describe_shards(const Tensor& x, int64_t out_features) {
 
 // "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n64, n128,
 // n192, n256; or the forward's token widths n112, n176, n240, which run it swapped), reduction
-// split, across the grid (s<count>) or in the cluster (c2, c4, c8), and the forward's layout of
-// its k-blocks (shards, span), so tests and benchmarks reach every configuration.
+// split, across the grid (s<count>) or in the cluster (c2, c4, c8), and the layout of x's operand,
+// the forward's k-blocks and grad_weight's columns (shards, span), so tests and benchmarks reach
+// every configuration.
 inline ForcedConfig parse_forced_config(const std::string& options, const std::string& spec, const char* op) {
   ForcedConfig forced;
   size_t start = 0;

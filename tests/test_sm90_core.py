@@ -24,8 +24,8 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
 # The forward's token widths: the product computed transposed (W's rows as M, the tokens as N), its
 # tile stored transposed; the backward products do not take them.
 TOKEN_CONFIGS = ["sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
-# The forward's k-blocks along the concatenation, forced ("span": H % 64 != 0 only), at each width,
-# split across the grid and in the cluster.
+# x's operand along the concatenation, forced ("span": H % 64 != 0 only): the forward's k-blocks
+# and grad_weight's columns, at each width, split across the grid and in the cluster.
 SPAN_CONFIGS = ["sm90_gemm/span", "sm90_gemm/n64/span", "sm90_gemm/n128/s3/span", "sm90_gemm/n192/span",
                 "sm90_gemm/n256/c4/span", "sm90_gemm/n64/c2/span"]
 # (R, batch, H, K): tails in rows (not a multiple of 128 or 64), K (not a multiple of 64, 128, 256),
@@ -33,8 +33,9 @@ SPAN_CONFIGS = ["sm90_gemm/span", "sm90_gemm/n64/span", "sm90_gemm/n128/s3/span"
 # narrower than a k-block (16, 32, 48) and a 112-wide one whose reduction splits start inside a
 # shard. H % 64 = 16 or 32 packs the shards' tail columns into k-blocks of 4 or 2 shards (80, 96,
 # 16, 32; R not a multiple of that: the last such k-block reads shards past R as zeros). Forced
-# "span" (SPAN_CONFIGS) runs the forward's k-blocks along the concatenation instead, A copied by
-# cp.async across shard boundaries, on every width here that is not a multiple of 64.
+# "span" (SPAN_CONFIGS) runs the forward's k-blocks (A) and grad_weight's columns (B) along the
+# concatenation instead, copied by cp.async across shard boundaries, on every width here that is
+# not a multiple of 64.
 SHAPES = [
     (4, (130,), 64, 200),
     (3, (77,), 80, 264),
@@ -113,11 +114,34 @@ def test_forward_along_the_concatenation(config, dtype, shape, layout):
         assert_close_to_float64(run_op(x, w, b, config), x, w, b)
 
 
+# grad_weight's columns a shard at a time where H % 64 != 0 (the rule runs them along the
+# concatenation there: CONFIGS reach those kernels).
+GRAD_WEIGHT_SHARD_CONFIGS = ["sm90_gemm/shards", "sm90_gemm/n64/shards", "sm90_gemm/n128/s3/shards",
+                             "sm90_gemm/n256/c4/shards"]
+
+
+@pytest.mark.parametrize("config", SPAN_CONFIGS + GRAD_WEIGHT_SHARD_CONFIGS)
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[2] % 64 != 0], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_grad_weight_column_layouts(config, dtype, shape, layout):
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
+    w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
+    grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
+    grad_w = _grad_weight(grad_out, x, config)
+    assert grad_w.shape == w.shape and grad_w.is_contiguous()
+    _assert_close_scaled(grad_w, _reference_grads(grad_out, x, w)[1], dtype)
+    assert torch.equal(grad_w, _grad_weight(grad_out, x, config))  # bitwise deterministic
+
+
 def test_span_needs_a_width_that_is_not_a_multiple_of_64():
     x = make_x(2, (130,), 64, torch.bfloat16, "cuda")
     w, b = make_params(2, 64, 72, torch.bfloat16, "cuda")
     with pytest.raises(RuntimeError, match="layout 'span'.*needs H % 64 != 0 .*; H is 64"):
         run_op(x, w, b, "sm90_gemm/span")
+    with pytest.raises(RuntimeError, match="grad_weight's layout 'span'.*needs H % 64 != 0 .*; H is 64"):
+        _grad_weight(torch.randn(130, 72, dtype=torch.bfloat16, device="cuda"), x, "sm90_gemm/span")
     with pytest.raises(RuntimeError, match="token widths.*not 'span'"):
         run_op(make_x(2, (130,), 48, torch.bfloat16, "cuda"), *make_params(2, 48, 72, torch.bfloat16, "cuda"),
                "sm90_gemm/n112/span")
@@ -153,8 +177,13 @@ BACKWARD_PAIRS = [("sm90_gemm", "sm90_gemm"), ("sm90_gemm/n128/s3", "sm90_gemm/n
                   ("generic", "sm90_gemm"), ("sm90_gemm/n128/s2", "generic")]
 
 
-@pytest.mark.parametrize("pair", BACKWARD_PAIRS, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+# grad_weight's columns along the concatenation (its own kernel, overlapping grad_x's) on the widths
+# that take it.
+SPAN_BACKWARD_CASES = [(pair, shape) for pair in [("sm90_gemm", "sm90_gemm/n128/span"), ("sm90_gemm/n64/c4", "sm90_gemm/n64/s3/span")]
+                       for shape in SHAPES if shape[2] % 64 != 0]
+
+
+@pytest.mark.parametrize("pair,shape", [(p, s) for p in BACKWARD_PAIRS for s in SHAPES] + SPAN_BACKWARD_CASES, ids=str)
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 def test_backward_op_gives_the_bits_of_its_two_products(pair, shape, layout):
     R, batch, H, K = shape

@@ -42,10 +42,12 @@ struct ForcedConfig {
   int block_n = 0;         // n64, n128, n192, n256: the tile width; n112, n176, n240: the swapped forward's
   int splits = 0;          // s<1..64>: the reduction split across the grid (fp32 workspace + a second launch)
   int cluster_splits = 0;  // c<2|4|8>: the reduction split over the CTAs of a cluster (DSMEM sum)
-  int layout = 0;          // the forward's k-blocks: 0 the plan's, kShardLayout ("shards"), kSpanLayout ("span")
+  // How x's operand is tiled, the forward's k-blocks and grad_weight's columns (grad_x has one
+  // layout and ignores it): 0 the plan's, kShardLayout ("shards"), kSpanLayout ("span")
+  int layout = 0;
 };
-constexpr int kShardLayout = 1;  // k-blocks a shard (a shard's last one partly zeros, or tails packed)
-constexpr int kSpanLayout = 2;   // k-blocks along the concatenation (H % 64 != 0 only)
+constexpr int kShardLayout = 1;  // a shard at a time (a shard's last block partly zeros, or tails packed)
+constexpr int kSpanLayout = 2;   // along the concatenation, copied by cp.async (H % 64 != 0 only)
 
 struct ForwardProblem {
   const void* x;       // (R, B_outer, B_inner, H), last stride 1

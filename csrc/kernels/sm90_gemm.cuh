@@ -97,7 +97,7 @@ inline sm90::CoreShape sm90_gemm_shape(const ForwardProblem& p, const sm90::RowV
   shape.k_groups = spans_shards ? 1 : p.num_shards;
   // with packed tails, the shards' whole k-blocks only
   shape.k_group_width = spans_shards ? p.num_shards * p.shard_width : p.shard_width - tail;
-  shape.spans_shards = spans_shards;
+  shape.span_copy = spans_shards ? sm90::SpanCopy::kA : sm90::SpanCopy::kNone;
   shape.tail_kblocks = tail > 0 ? ceil_div(p.num_shards, sm90::kBlockK / tail) : 0;
   shape.tail_elements = p.num_shards * tail;
   return shape;

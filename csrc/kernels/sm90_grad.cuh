@@ -5,7 +5,9 @@
 //    of): each 8-column store lies in one shard, its address from the OutputScatter divisors.
 //  * kGradWeight: grad_W = grad_out^T @ cat(x), K x R*H over the rows. A = grad_out^T (MN-major),
 //    B = x through the forward's (H, inner, outer, R) view (MN-major), so the concat is never
-//    materialised either; an N tile stays inside one shard (n = shard * H + h), zero-filled past H.
+//    materialised either; with H % 64 != 0 an N tile stays inside one shard (n = shard * H + h),
+//    zero-filled past H, or, as by default there, the columns run along the concatenation,
+//    copied by cp.async (sm90_grad_weight_plan).
 // Training reductions are long (grad_weight: all rows) and the outputs may have few tiles: the
 // core's plan splits the reduction where that fills the GPU and sums the fp32 slices in a fixed
 // order, so gradients are bitwise identical run to run. Tile shapes: see sm90/gemm.cuh.
@@ -58,8 +60,6 @@ inline void sm90_grad_input(const GradInputProblem& p, cudaStream_t stream) {
   });
 }
 
-inline bool grad_weight_spans_shards(const ForwardProblem& p) { return p.shard_width % 64 == 0; }
-
 inline const char* sm90_grad_weight_refusal(const GradWeightProblem& g) {
   using namespace sm90;
   const ForwardProblem& p = g.shards;
@@ -76,34 +76,71 @@ inline const char* sm90_grad_weight_refusal(const GradWeightProblem& g) {
   return nullptr;
 }
 
-// grad_weight's product on the core: K x R*H over the batch rows.
-inline sm90::CoreShape grad_weight_core_shape(const GradWeightProblem& g) {
+// grad_weight's N tiles. With H a multiple of 64, one column group of R * H by TMA: a 64-column
+// box never straddles two shards, so 256-wide tiles serve 128-wide heads. Otherwise either a group
+// a shard (a tile stays in its shard, zero-filled past H: an 80-wide head fills 80 of a 128-wide
+// tile's columns, 2 tiles a shard at 64 wide) or one group of R * H whose B columns the producer
+// warpgroup copies by cp.async (gemm.cuh, kSpanShards: no empty columns, dearer copies).
+inline bool grad_weight_boxes_span_shards(const ForwardProblem& p) { return p.shard_width % sm90::kBlockK == 0; }
+
+// Whether grad_weight's columns may be copied along the concatenation: H is not a multiple of 64,
+// and the column coordinate, R * H plus a pair of 256-wide tiles past it, fits the walk's int.
+inline bool sm90_grad_weight_can_span(const ForwardProblem& p) {
+  return p.shard_width % sm90::kBlockK != 0 && p.num_shards * p.shard_width <= sm90::kMaxCoordinate - 1024;
+}
+
+// grad_weight's product on the core: K x R*H over the batch rows (`copies_span`: its columns one
+// group copied along the concatenation).
+inline sm90::CoreShape grad_weight_core_shape(const GradWeightProblem& g, bool copies_span) {
   using namespace sm90;
   const ForwardProblem& p = g.shards;
   const RowView rows = row_view(p);
+  const bool one_group = copies_span || grad_weight_boxes_span_shards(p);
   CoreShape shape;
   shape.m_outer = 1;
   shape.m_inner = p.out_features;
-  // With H a multiple of 64 an N tile may span shards (each 64-column box lies in one), so the
-  // columns are one group and 256-wide tiles serve 128-wide heads; otherwise a tile stays in a shard.
-  shape.n_groups = grad_weight_spans_shards(p) ? 1 : p.num_shards;
-  shape.n_group_width = grad_weight_spans_shards(p) ? p.reduction() : p.shard_width;
+  shape.n_groups = one_group ? 1 : p.num_shards;
+  shape.n_group_width = one_group ? p.reduction() : p.shard_width;
   shape.k_groups = rows.outer;
   shape.k_group_width = rows.inner;
+  shape.span_copy = copies_span ? SpanCopy::kB : SpanCopy::kNone;
   return shape;
+}
+
+// What sm90_grad_weight runs: the column layout and the core's plan for it. The rule: where H is
+// not a multiple of 64 (and R * H fits), the columns along the concatenation, unless "shards" is
+// forced: run 88 (H100) timed them faster than tiles a shard on 34 of 35 points (7 layers with
+// H = 48-136, 100-8192 rows), by 10-45% (the one exception +3%: R=40, H=112 at 8192 rows), as no
+// tile holds empty columns (80-wide heads fill 80 of a 128-wide tile a shard) and the tiles are
+// fewer, while the copies cost 1.5-2x TMA's a k-block. A forced width or split applies within
+// the layout.
+struct Sm90GradWeightPlan {
+  bool copies_span;
+  sm90::CoreShape shape;
+  sm90::CorePlan plan;
+};
+
+template <typename Element>
+Sm90GradWeightPlan sm90_grad_weight_plan(const GradWeightProblem& g) {
+  using namespace sm90;
+  const ForwardProblem& p = g.shards;
+  const bool can_span = sm90_grad_weight_can_span(p);
+  STD_TORCH_CHECK(p.forced.layout != kSpanLayout || can_span, "vga sm90_gemm: grad_weight's layout 'span' (columns "
+                  "along the concatenation) needs H % 64 != 0 and R * H < 2^31 - 1024; H is ", p.shard_width,
+                  ", R * H ", p.num_shards * p.shard_width);
+  const bool copies_span = can_span && p.forced.layout != kShardLayout;
+  const CoreShape shape = grad_weight_core_shape(g, copies_span);
+  return {copies_span, shape, core_plan<GemmKind::kGradWeight, Element>(shape, p.forced, p.device_index)};
 }
 
 // The workspace sm90_grad_weight will ask for (its plan's split partials; 0 when it has none), so
 // that a caller can allocate it ahead of other launches (gather_concat_linear_backward.cu).
 inline int64_t sm90_grad_weight_workspace_bytes(const GradWeightProblem& g) {
   using namespace sm90;
-  const ForwardProblem& p = g.shards;
-  const CoreShape shape = grad_weight_core_shape(g);
   int64_t bytes = 0;
-  visit_half_dtype(p.dtype, [&](auto element) {
-    using Element = decltype(element);
-    const CorePlan plan = core_plan<GemmKind::kGradWeight, Element>(shape, p.forced, p.device_index);
-    bytes = grid_split_workspace_bytes(shape, plan, p.reduction());
+  visit_half_dtype(g.shards.dtype, [&](auto element) {
+    const Sm90GradWeightPlan chosen = sm90_grad_weight_plan<decltype(element)>(g);
+    bytes = grid_split_workspace_bytes(chosen.shape, chosen.plan, g.shards.reduction());
   });
   return bytes;
 }
@@ -116,18 +153,28 @@ inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
   const CUtensorMap grad_out_map = matrix_tensor_map(g.grad_out, p.dtype, p.out_features, rows.inner,
                                                      p.out_features, rows.outer, rows.inner * p.out_features, 64,
                                                      kBlockK);
+  // (with the columns copied along the concatenation, x_map is unused but for its prefetch)
   const CUtensorMap x_map = x_tensor_map(p, rows, 64, kBlockK, /*always_4d=*/true);
-  const CoreShape shape = grad_weight_core_shape(g);
   CoreArgs args{};
   args.out = g.grad_weight;
   args.out_ld = p.reduction();
-  args.b_shard_width = make_fast_divisor(grad_weight_spans_shards(p) ? static_cast<int>(p.shard_width) : 0);
   args.overlaps_previous_grid = g.overlaps_previous_grid ? 1 : 0;
   auto x_map_for = [&](int) { return x_map; };
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
-    const CorePlan plan = core_plan<GemmKind::kGradWeight, Element>(shape, p.forced, p.device_index);
-    run_core<GemmKind::kGradWeight, Element>(shape, plan, args, grad_out_map, x_map_for, p.workspace,
+    const Sm90GradWeightPlan chosen = sm90_grad_weight_plan<Element>(g);
+    args.b_shard_width =
+        make_fast_divisor(!chosen.copies_span && grad_weight_boxes_span_shards(p) ? static_cast<int>(p.shard_width) : 0);
+    if (chosen.copies_span) {
+      args.span_shards = 1;
+      args.x = p.x;
+      args.x_shard_stride = p.x_stride_shard;
+      args.x_outer_stride = rows.outer_stride;
+      args.x_inner_stride = rows.inner_stride;
+      args.x_shard_width = make_fast_divisor(static_cast<int>(p.shard_width));
+      args.x_columns = static_cast<int>(p.num_shards * p.shard_width);
+    }
+    run_core<GemmKind::kGradWeight, Element>(chosen.shape, chosen.plan, args, grad_out_map, x_map_for, p.workspace,
                                              p.device_index, stream);
   });
 }

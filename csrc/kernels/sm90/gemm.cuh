@@ -25,7 +25,9 @@
 // (kSpanShards instantiations): a TMA box cannot cross a shard, so the producer warpgroup copies
 // those A tiles with cp.async, 16 bytes (8 columns of one shard) a copy, while W, whose rows are
 // the concatenation already, stays one TMA box a half (R = 32, H = 112: 56 k-blocks a tile
-// instead of 64). Warpgroup 0
+// instead of 64). grad_weight's N tiles run along the concatenation the same way for those widths
+// (its B columns by cp.async, A shared by a pair of column tiles), where a tile a shard would
+// leave part of each tile empty (H = 80: 80 of 128 columns). Warpgroup 0
 // is the producer (its first warp walks the tiles, one elected lane issues TMA), warpgroups 1-2
 // each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As
 // many stages as fit in 227 KB (4 at 256, 5 at 192, 7 at 128, 8 at 64) form a full/empty mbarrier
@@ -89,6 +91,14 @@ struct TileShape {
 struct TailMaps {
   CUtensorMap a;
   CUtensorMap b;
+};
+
+// The operand that kSpanShards copies along the concatenation by cp.async: the forward's A or
+// grad_weight's B (the other one stays TMA's).
+template <GemmKind kKind, bool kSpanShards>
+struct SpanCopies {
+  static constexpr bool kA = kSpanShards && kKind == GemmKind::kForward;
+  static constexpr bool kB = kSpanShards && kKind == GemmKind::kGradWeight;
 };
 
 template <GemmKind kKind>
@@ -170,13 +180,16 @@ __device__ __forceinline__ void next_stage(int& stage, uint32_t& phase) {
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
 // between its CTAs, each multicasting its part; the other one each CTA loads whole for itself.
 // The forward's packed tail k-blocks come through the tail maps, from shard (kb - first) * shards.
-// With kSpanShards A is not copied here (copy_span_kblock), and pairs are always of row tiles.
+// With kSpanShards x's operand is not copied here (the forward's A: copy_span_kblock, pairs always of
+// row tiles; grad_weight's B: copy_span_columns, pairs always of column tiles).
 template <GemmKind kKind, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards>
 __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const CUtensorMap* a_map,
                                            const CUtensorMap* b_map, const TailMaps* tails, uint64_t* bar,
                                            const TileCoord& c, const LoadCursor& cur, int kb, uint32_t cta_rank,
                                            const CoreArgs& args) {
   constexpr int kBParts = kKind == GemmKind::kForward || kKind == GemmKind::kForwardSwapped ? 2 : kBlockN / 64;
+  constexpr bool kCopiesA = SpanCopies<kKind, kSpanShards>::kA;
+  constexpr bool kCopiesB = SpanCopies<kKind, kSpanShards>::kB;
   constexpr int kBPartBytes = kBlockN * kBlockK * 2 / kBParts;
   const bool share_a = args.cluster_along_n != 0;
   const int rank = static_cast<int>(cta_rank);
@@ -239,20 +252,22 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
     }
   };
   if constexpr (kInCluster) {  // the cluster's CTAs share no operand
-    if (!kSpanShards) {
+    if (!kCopiesA) {
       load_a(0, false);
       load_a(1, false);
     }
-#pragma unroll
-    for (int part = 0; part < kBParts; ++part) load_b(part, false);
-  } else if (share_a) {
-    load_a(rank, true);  // (never with kSpanShards: schedule.cuh's pair_columns)
-    if (c.exists) {
+    if (!kCopiesB) {
 #pragma unroll
       for (int part = 0; part < kBParts; ++part) load_b(part, false);
     }
-  } else if constexpr (kBParts >= kClusterM) {
-    if (c.exists && !kSpanShards) {
+  } else if (share_a) {
+    load_a(rank, true);  // (never with the forward's kSpanShards: schedule.cuh's pair_columns)
+    if (c.exists && !kCopiesB) {
+#pragma unroll
+      for (int part = 0; part < kBParts; ++part) load_b(part, false);
+    }
+  } else if constexpr (kBParts >= kClusterM && !kCopiesB) {
+    if (c.exists && !kCopiesA) {
       load_a(0, false);
       load_a(1, false);
     }
@@ -261,11 +276,14 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
       if (part % kClusterM == rank) load_b(part, true);
     }
   } else {
-    __trap();  // one MN-major box is not split between the pair: such tiles pair columns (schedule.cuh)
+    // one MN-major box is not split between the pair, nor is a B copied by cp.async: such tiles
+    // pair columns (schedule.cuh)
+    __trap();
   }
 }
 
-// kSpanShards: the producer warpgroup's threads copy A, the forward's x, along the concatenation.
+// kSpanShards: the producer warpgroup's threads copy x along the concatenation, the forward's A or
+// grad_weight's B, 16 bytes a copy into a 128-byte-swizzled row of 8 such chunks.
 constexpr int kSpanCopyThreads = 128;
 constexpr int kSpanRowsPerPass = kSpanCopyThreads / 8;  // 8 copies of 16 bytes a 128-byte row
 
@@ -311,6 +329,40 @@ __device__ __forceinline__ void copy_span_kblock(uint8_t* a_dst, int kb, const S
   for (int i = 0; i < kBlockM / kSpanRowsPerPass; ++i) {
     if (i < r.rows) cp_async16(dst + i * kSpanRowsPerPass * 128, column_valid ? src : x, column_valid ? 16 : 0);
     src += pass_stride;
+  }
+}
+
+// grad_weight's B with kSpanShards: k-block `cur` (x's rows cur.k .. + 63 of outer index
+// cur.group) of the tile's columns n0 .. n0 + kBlockN - 1 of the concatenation (one or more shards;
+// each 16-byte copy stays in one, as H % 8 == 0), into the kBlockN / 64 MN-major boxes a TMA copy
+// gives (box p: columns 64 p .. + 63, k row r's chunk q at r * 128 + (q ^ r % 8) * 16). Thread t
+// copies chunk t % 8 of k rows t / 8 + 16 i of every box. Rows past the group's are zero-filled: they
+// would add to every output (A's rows there are TMA's zeros, and 0 * NaN is NaN); columns past R * H
+// too (they reach only output columns that are never stored, but must not read past x).
+template <typename Element, int kBlockN>
+__device__ __forceinline__ void copy_span_columns(uint8_t* b_dst, const TileCoord& c, const LoadCursor& cur,
+                                                  int thread, const CoreArgs& args) {
+  const int chunk = thread % 8;
+  const int row = thread / 8;
+  const Element* x = static_cast<const Element*>(args.x);
+  const int rows_left = args.k_group_width - cur.k - row;  // the group's rows from the thread's first
+  const Element* row_base = x + static_cast<int64_t>(cur.group) * args.x_outer_stride +
+                            static_cast<int64_t>(cur.k + row) * args.x_inner_stride;
+  const int64_t pass_stride = kSpanRowsPerPass * args.x_inner_stride;
+  const uint32_t dst = smem_address(b_dst) + row * 128 + ((chunk ^ (row % 8)) * 16);
+#pragma unroll
+  for (int part = 0; part < kBlockN / 64; ++part) {
+    const int column = c.n0 + part * 64 + chunk * 8;
+    const int shard = fast_divide(column, args.x_shard_width);
+    const bool column_valid = column < args.x_columns;
+    const Element* src = row_base + static_cast<int64_t>(shard) * args.x_shard_stride +
+                         (column - shard * args.x_shard_width.divisor);
+#pragma unroll
+    for (int i = 0; i < kBlockK / kSpanRowsPerPass; ++i) {
+      const bool valid = column_valid && i * kSpanRowsPerPass < rows_left;
+      cp_async16(dst + part * kMnBlockBytes + i * kSpanRowsPerPass * 128, valid ? src : x, valid ? 16 : 0);
+      src += pass_stride;
+    }
   }
 }
 
@@ -383,9 +435,10 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t d
 // split in the cluster the grid has one cluster per tile, so after the tile's last k-block the
 // ring's memory holds the CTA's partial tile for the cluster's sum. The split in the cluster is a
 // separate instantiation (kInCluster): compiled into the paired kernel as runtime branches it cost
-// that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows; run 27's A/B). So is the forward
-// whose A k-blocks run along the concatenation (kSpanShards): its whole producer warpgroup copies
-// A with cp.async, and a stage's full barrier counts those 128 threads' arrivals too.
+// that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows; run 27's A/B). So is x's operand
+// along the concatenation (kSpanShards: the forward's A k-blocks, grad_weight's B columns): its
+// whole producer warpgroup copies that operand with cp.async, and a stage's full barrier counts
+// those 128 threads' arrivals too.
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards>
 __global__ void __launch_bounds__(kThreads, 1)
     core_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
@@ -393,8 +446,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef VGA_SM90A_DEVICE
   static_assert(kKind != GemmKind::kForwardSwapped || (!kInCluster && kTailShards == 0),
                 "the swapped forward has no split and no packed tails");
-  static_assert(!kSpanShards || (kKind == GemmKind::kForward && kTailShards == 0),
-                "only the forward's A runs along the concatenation, unpacked");
+  static_assert(!kSpanShards || ((kKind == GemmKind::kForward || kKind == GemmKind::kGradWeight) && kTailShards == 0),
+                "only x's operand of the forward and grad_weight runs along the concatenation, unpacked");
+  constexpr bool kCopiesA = SpanCopies<kKind, kSpanShards>::kA;
+  constexpr bool kCopiesB = SpanCopies<kKind, kSpanShards>::kB;
   using Tile = TileShape<kBlockN>;
   constexpr int kStages = Tile::kStages;
   extern __shared__ uint8_t shared_raw[];
@@ -438,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     warpgroup_release_registers<kProducerRegisters>();
     // The whole first warp walks the tiles, so the walk's values are warp-uniform (uniform
     // registers, no per-copy waterfall of moves into them); one elected lane issues the copies.
-    // With kSpanShards the other three warps walk alongside and every thread copies its part of A.
+    // With kSpanShards the other three warps walk alongside and every thread copies its part of x.
     if (threadIdx.x < 32 || kSpanShards) {
       const bool issuer = threadIdx.x < 32 && elect_one_lane();
       int stage = 0;
@@ -449,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const TileCoord c = tile_coord<kBlockN, kInCluster>(tile, cta_rank, args);
         LoadCursor cur = load_cursor(c, args);
         SpanRows span{};
-        if constexpr (kSpanShards) span = span_rows<Element>(c, threadIdx.x, args);
+        if constexpr (kCopiesA) span = span_rows<Element>(c, threadIdx.x, args);
         if (!cluster_ready) {  // the first tile's walk is done: now the barriers are needed
           cluster_wait();
           cluster_ready = true;
@@ -460,12 +515,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           allow_next_grid();
         }
         // A CTA receives the whole shared operand (its own part and its peer's) and, if its tile
-        // exists, its own copy of the other one (with kSpanShards, B only: A is not TMA's).
-        const uint32_t a_bytes = kSpanShards ? 0 : Tile::kATileBytes;
-        const uint32_t stage_bytes =
-            kInCluster ? a_bytes + Tile::kBTileBytes
-            : args.cluster_along_n ? a_bytes + (c.exists ? Tile::kBTileBytes : 0)
-                                   : (c.exists ? a_bytes : 0) + Tile::kBTileBytes;
+        // exists, its own copy of the other one (with kSpanShards, only the operand that is TMA's).
+        const uint32_t a_bytes = kCopiesA ? 0 : Tile::kATileBytes;
+        const uint32_t b_bytes = kCopiesB ? 0 : Tile::kBTileBytes;
+        const uint32_t stage_bytes = kInCluster             ? a_bytes + b_bytes
+                                     : args.cluster_along_n ? a_bytes + (c.exists ? b_bytes : 0)
+                                                            : (c.exists ? a_bytes : 0) + b_bytes;
         for (int kb = c.kb_begin; kb < c.kb_end; ++kb) {
           mbarrier_wait(&empty[stage], phase ^ 1);
           if (issuer) {
@@ -474,8 +529,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                    b_tiles + stage * Tile::kBTileBytes, &a_map, &b_map, &tails,
                                                    &full[stage], c, cur, kb, cta_rank, args);
           }
-          if constexpr (kSpanShards) {
+          if constexpr (kCopiesA) {
             copy_span_kblock<Element>(a_tiles + stage * Tile::kATileBytes, kb, span, threadIdx.x, args);
+            cp_async_arrive(&full[stage]);
+          } else if constexpr (kCopiesB) {
+            copy_span_columns<Element, kBlockN>(b_tiles + stage * Tile::kBTileBytes, c, cur, threadIdx.x, args);
             cp_async_arrive(&full[stage]);
           }
           __syncwarp();
@@ -548,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           k_in_tile_group = k_left <= kBlockK ? 0 : k_in_tile_group + kBlockK;
         }
         mbarrier_wait(&full[stage], phase);
-        // cp.async wrote A through the generic proxy; wgmma reads it through the async one.
+        // cp.async wrote x's operand through the generic proxy; wgmma reads it through the async one.
         if constexpr (kSpanShards) fence_proxy_async_shared();
         const bool first = kb == c.kb_begin;
         if (tail_block) {  // packed shard tails: a whole k-block (shards past R are zeros), a block a shard
@@ -670,7 +728,7 @@ const ResidentClusters& resident_clusters(int32_t device_index) {
 
 // The kernels with packed shard tails are separate instantiations (the forward's only), by the
 // shards a tail k-block holds: compiled into the others as runtime branches they made the n128
-// forward 16-22% slower on every shape (run 57); so is the one along the concatenation.
+// forward 16-22% slower on every shape (run 57); so are those along the concatenation.
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
 void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const TailMaps& tails,
                         const CoreArgs& args, int clusters, cudaStream_t stream) {
@@ -682,12 +740,14 @@ void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, cons
     if constexpr (decltype(tail_shards)::value > 0) opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
     launch(kernel, a_map, b_map, tails, args);
   };
-  if constexpr (kKind == GemmKind::kForward) {
+  if constexpr (kKind == GemmKind::kForward || kKind == GemmKind::kGradWeight) {
     if (args.span_shards) {
       constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0, true>;
       opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
       return launch(kernel, a_map, b_map, tails, args);
     }
+  }
+  if constexpr (kKind == GemmKind::kForward) {
     if (args.tail_shards == 2) return launch_with(std::integral_constant<int, 2>{});
     if (args.tail_shards == 4) return launch_with(std::integral_constant<int, 4>{});
   }
@@ -743,7 +803,7 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   args.k_group_width = static_cast<int>(shape.k_group_width);
   args.kblocks_per_split = plan.kblocks_per_split;
   args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;
-  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n, shape.spans_shards) ? 1 : 0;
+  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n, shape.span_copy) ? 1 : 0;
   int group_units = 0;  // m units a raster group holds
   if (plan.in_cluster) {
     args.m_units = args.m_tiles;

@@ -126,8 +126,9 @@ struct CoreArgs {
   int tail_shards;        // ... shards whose tail columns make one k-block (64 / (H % 64))
   int tail_h;             // ... the first tail column of a shard (H - H % 64)
   int x_4d;  // x's view is (H, inner, outer, R)
-  // The forward whose k-blocks run along the concatenation (one reduction group of R * H), its A
-  // copied from x by the producer warpgroup (gemm.cuh, kSpanShards); strides in elements.
+  // x copied along the concatenation by the producer warpgroup (gemm.cuh, kSpanShards): the
+  // forward's A (its k-blocks, one reduction group of R * H) or grad_weight's B (its columns, one
+  // group of R * H); strides in elements.
   int span_shards;
   const void* x;
   int64_t x_shard_stride, x_outer_stride, x_inner_stride;
@@ -189,6 +190,9 @@ __device__ __forceinline__ TileCoord tile_coord(int tile, uint32_t cta_rank, con
 
 // ------------------------------------------------------------------ host: the plan
 
+// Which operand, if any, the producer warpgroup copies along the concatenation with cp.async.
+enum class SpanCopy { kNone, kA, kB };
+
 // The shape of a core GEMM as the scheduler sees it.
 struct CoreShape {
   int64_t m_outer, m_inner;        // rows = m_outer * m_inner
@@ -197,8 +201,9 @@ struct CoreShape {
   // The forward's packed shard tails: k-blocks after the groups', each the tail columns of several
   // shards, holding `tail_elements` of the reduction in all.
   int64_t tail_kblocks = 0, tail_elements = 0;
-  // The forward along the concatenation (one group of R * H), A copied by cp.async (gemm.cuh).
-  bool spans_shards = false;
+  // x along the concatenation, copied by cp.async (gemm.cuh): the forward's A (one reduction group
+  // of R * H) or grad_weight's B (one column group of R * H); kNone: x by TMA, a box a shard.
+  SpanCopy span_copy = SpanCopy::kNone;
   // The forward computed transposed (GemmKind::kForwardSwapped): M is W's rows, N the tokens, in
   // the token widths below and without a reduction split.
   bool token_tiles = false;
@@ -234,10 +239,10 @@ inline int64_t cluster_tiles(int64_t m_tiles, int64_t n_tiles, bool along_n) {
 }
 // 64-wide tiles always pair columns: their B tile is one MN-major box for the backward kinds (not
 // split between two CTAs), and their A tile is the larger operand, so sharing it saves the most.
-// A forward whose A is copied along the concatenation (CoreShape::spans_shards) always pairs rows:
-// its A is each CTA's own cp.async copy, which a pair cannot share.
-inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n, bool spans_shards) {
-  if (spans_shards) return false;
+// An operand copied along the concatenation (CoreShape::span_copy) is each CTA's own cp.async copy,
+// which a pair cannot share: the pair shares the other one (A copied: pairs of rows; B: of columns).
+inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n, SpanCopy span_copy) {
+  if (span_copy != SpanCopy::kNone) return span_copy == SpanCopy::kB;
   return block_n == 64 || cluster_tiles(m_tiles, n_tiles, true) < cluster_tiles(m_tiles, n_tiles, false);
 }
 
@@ -270,9 +275,11 @@ struct PlanConstants {
   double split_launch_us;
   double cluster_slice_us;
   double cluster_unshared;
-  double span_kblock_us;  // the least a k-block along the concatenation takes: its cp.async copy of A
+  double span_kblock_us;          // the least a forward k-block along the concatenation takes: A's cp.async copy
+  double span_b_kblock_us;        // the least a grad_weight k-block with its columns along the concatenation takes:
+  double span_b_kblock_us_per_64; // this plus this per 64 columns of the tile (B's cp.async copy, 8 KB each)
 };
-constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75, 0.2, 0.4};
+constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75, 0.2, 0.4, 0.23, 0.16};
 
 // A k-block's time at a tile width: the fitted widths' constants, linear in between (the token
 // widths: 112 between 64 and 128, 176 between 128 and 192, 240 between 192 and 256).
@@ -289,10 +296,15 @@ inline double kblock_us_of(int block_n, const PlanConstants& k) {
 
 inline double plan_cost(const CoreShape& s, const CorePlan& plan, const ResidentClusters& resident,
                         const PlanConstants& k = kPlanConstants) {
-  // A forward along the concatenation copies A with cp.async, ~0.4 µs a k-block whatever the
-  // width (run 79: 0.41-0.42 at 64-wide tiles on three layers), so narrow tiles gain nothing there.
-  const double kblock_us =
-      s.spans_shards ? std::max(kblock_us_of(plan.block_n, k), k.span_kblock_us) : kblock_us_of(plan.block_n, k);
+  // An operand copied along the concatenation costs a k-block at least its cp.async copy: the
+  // forward's 16 KB A tile ~0.4 µs whatever the width (run 79: 0.41-0.42 at 64-wide tiles on three
+  // layers), so narrow tiles gain nothing there; grad_weight's kBlockN x 64 B tile 0.39, 0.52, 0.71,
+  // 0.86 µs at 64, 128, 192, 256 wide (run 88, R=32, H=96, K=3072 at 8192 rows, rounds counted).
+  const double span_floor_us = s.span_copy == SpanCopy::kA ? k.span_kblock_us
+                               : s.span_copy == SpanCopy::kB
+                                   ? k.span_b_kblock_us + k.span_b_kblock_us_per_64 * plan.block_n / 64.0
+                                   : 0.0;
+  const double kblock_us = std::max(kblock_us_of(plan.block_n, k), span_floor_us);
   const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, kBlockM);
   const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, plan.block_n);
   const double rows = static_cast<double>(s.m_outer * s.m_inner);
@@ -311,7 +323,7 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
     const double cluster_job_us = job_us + plan.kblocks_per_split * kblock_us * step_fill * unshared;
     return std::max(static_cast<double>(rounds) * (cluster_job_us + k.cluster_slice_us * plan.splits), hbm_us);
   }
-  const int64_t jobs = cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n, s.spans_shards)) * plan.splits;
+  const int64_t jobs = cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n, s.span_copy)) * plan.splits;
   const int64_t rounds = ceil_div(jobs, std::max(1, resident.pairs));
   double cost = std::max(static_cast<double>(rounds) * job_us, hbm_us);
   if (plan.splits > 1) cost += rows * columns * (8.0 * plan.splits + 2.0) / k.split_bytes_per_us + k.split_launch_us;
