@@ -243,8 +243,9 @@ def _plans(kind, p, keys, shapes, first_only, resident):
         per_split = math.ceil(total / splits)
         used = splits if in_cluster else math.ceil(total / per_split)
         if in_cluster and (per_split * (splits - 1) >= total
-                           or math.prod(tile_counts(shape, block_n)) > counts[splits]):
-            continue  # the rule gives every CTA of the cluster a slice, all clusters in one round
+                           or math.prod(tile_counts(shape, block_n)) > counts[splits] or shape.get("span_copy") == "B"):
+            continue  # the rule gives every CTA of the cluster a slice, all clusters in one round (no
+            # in-cluster split for grad_weight's columns along the concatenation)
         cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts)
         candidates.append((cost, key, (swapped, -block_n, in_cluster, splits)))
     return candidates
