@@ -64,13 +64,6 @@ inline sm90::TailMaps packed_tail_maps(const ForwardProblem& p, const sm90::RowV
       sm90::w_tensor_map(p, box_h, w_rows, swizzle)};
 }
 
-// Whether the forward may run its k-blocks along the concatenation: H is not a multiple of 64 (the
-// plan weighs it where the tails do not pack either: sm90_gemm_plan), and the concatenation's
-// column coordinate, R * H plus a k-block past it, fits the TMA and cp.async walk's int.
-inline bool sm90_gemm_can_span(const ForwardProblem& p) {
-  return p.shard_width % sm90::kBlockK != 0 && p.num_shards * p.shard_width <= sm90::kMaxCoordinate - 2 * sm90::kBlockK;
-}
-
 // The swapped forward's shape: M = W's rows, N = the tokens (groups = x's outer batch index,
 // which a token tile never straddles), the reduction R shards of H (unpacked).
 inline sm90::CoreShape sm90_gemm_token_tile_shape(const ForwardProblem& p, const sm90::RowView& rows) {
@@ -107,7 +100,7 @@ inline sm90::CoreShape sm90_gemm_shape(const ForwardProblem& p, const sm90::RowV
 struct Sm90GemmShapes {
   sm90::RowView rows;
   int64_t tail;            // sm90_gemm_packed_tail
-  bool can_span;           // sm90_gemm_can_span
+  bool can_span;           // sm90::x_can_span
   sm90::CoreShape shape;   // rows x K, k-blocks a shard (sm90_gemm_shape)
   sm90::CoreShape span;    // rows x K, k-blocks along the concatenation (where can_span)
   sm90::CoreShape swapped; // K x rows in token tiles (sm90_gemm_token_tile_shape)
@@ -116,7 +109,7 @@ struct Sm90GemmShapes {
 inline Sm90GemmShapes sm90_gemm_shapes(const ForwardProblem& p) {
   const sm90::RowView rows = sm90::row_view(p);
   const int64_t tail = sm90_gemm_packed_tail(p);
-  const bool can_span = sm90_gemm_can_span(p);
+  const bool can_span = sm90::x_can_span(p);  // (the plan weighs it where the tails do not pack either)
   return {rows, tail, can_span, sm90_gemm_shape(p, rows, tail, false), sm90_gemm_shape(p, rows, 0, true),
           sm90_gemm_token_tile_shape(p, rows)};
 }
@@ -144,7 +137,7 @@ template <typename Element>
 Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
   using namespace sm90;
   STD_TORCH_CHECK(p.forced.layout != kSpanLayout || s.can_span, "vga sm90_gemm: layout 'span' (k-blocks along the "
-                  "concatenation) needs H % 64 != 0 and R * H < 2^31 - 128; H is ", p.shard_width, ", R * H ",
+                  "concatenation) needs H % 64 != 0 and R * H < 2^31 - 1024; H is ", p.shard_width, ", R * H ",
                   p.num_shards * p.shard_width);
   STD_TORCH_CHECK(p.forced.layout != kSpanLayout || !is_token_width(p.forced.block_n),
                   "vga sm90_gemm: the token widths (n112, n176, n240) run k-blocks a shard, not 'span'");
@@ -206,15 +199,8 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
     args.tail_shards = static_cast<int>(tail > 0 && !chosen.spans_shards ? kBlockK / tail : 0);
     args.tail_h = static_cast<int>(p.shard_width - tail);
     const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
-    if (chosen.spans_shards) {  // A by cp.async (x_map unused but for its prefetch), W along its rows
-      args.span_shards = 1;
-      args.x = p.x;
-      args.x_shard_stride = p.x_stride_shard;
-      args.x_outer_stride = rows.outer_stride;
-      args.x_inner_stride = rows.inner_stride;
-      args.x_shard_width = make_fast_divisor(static_cast<int>(p.shard_width));
-      args.x_columns = static_cast<int>(p.num_shards * p.shard_width);
-    }
+    // A by cp.async (x_map unused but for its prefetch), W along its rows
+    if (chosen.spans_shards) set_span_source(args, p, rows);
     auto w_map_for = [&](int block_n) {
       return chosen.spans_shards ? w_concat_tensor_map(p, kBlockK, block_n / kClusterM)
                                  : w_tensor_map(p, kBlockK, block_n / kClusterM);

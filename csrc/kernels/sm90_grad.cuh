@@ -83,12 +83,6 @@ inline const char* sm90_grad_weight_refusal(const GradWeightProblem& g) {
 // warpgroup copies by cp.async (gemm.cuh, kSpanShards: no empty columns, dearer copies).
 inline bool grad_weight_boxes_span_shards(const ForwardProblem& p) { return p.shard_width % sm90::kBlockK == 0; }
 
-// Whether grad_weight's columns may be copied along the concatenation: H is not a multiple of 64,
-// and the column coordinate, R * H plus a pair of 256-wide tiles past it, fits the walk's int.
-inline bool sm90_grad_weight_can_span(const ForwardProblem& p) {
-  return p.shard_width % sm90::kBlockK != 0 && p.num_shards * p.shard_width <= sm90::kMaxCoordinate - 1024;
-}
-
 // grad_weight's product on the core: K x R*H over the batch rows (`copies_span`: its columns one
 // group copied along the concatenation).
 inline sm90::CoreShape grad_weight_core_shape(const GradWeightProblem& g, bool copies_span) {
@@ -124,7 +118,7 @@ template <typename Element>
 Sm90GradWeightPlan sm90_grad_weight_plan(const GradWeightProblem& g) {
   using namespace sm90;
   const ForwardProblem& p = g.shards;
-  const bool can_span = sm90_grad_weight_can_span(p);
+  const bool can_span = x_can_span(p);
   STD_TORCH_CHECK(p.forced.layout != kSpanLayout || can_span, "vga sm90_gemm: grad_weight's layout 'span' (columns "
                   "along the concatenation) needs H % 64 != 0 and R * H < 2^31 - 1024; H is ", p.shard_width,
                   ", R * H ", p.num_shards * p.shard_width);
@@ -165,15 +159,7 @@ inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
     const Sm90GradWeightPlan chosen = sm90_grad_weight_plan<Element>(g);
     args.b_shard_width =
         make_fast_divisor(!chosen.copies_span && grad_weight_boxes_span_shards(p) ? static_cast<int>(p.shard_width) : 0);
-    if (chosen.copies_span) {
-      args.span_shards = 1;
-      args.x = p.x;
-      args.x_shard_stride = p.x_stride_shard;
-      args.x_outer_stride = rows.outer_stride;
-      args.x_inner_stride = rows.inner_stride;
-      args.x_shard_width = make_fast_divisor(static_cast<int>(p.shard_width));
-      args.x_columns = static_cast<int>(p.num_shards * p.shard_width);
-    }
+    if (chosen.copies_span) set_span_source(args, p, rows);
     run_core<GemmKind::kGradWeight, Element>(chosen.shape, chosen.plan, args, grad_out_map, x_map_for, p.workspace,
                                              p.device_index, stream);
   });

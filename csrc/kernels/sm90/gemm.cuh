@@ -773,6 +773,25 @@ CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_i
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
 
+// Whether x may be copied along the concatenation (kSpanShards: the forward's A k-blocks,
+// grad_weight's B columns): H is not a multiple of 64 (else whole TMA boxes tile it), and the
+// concatenation's column coordinate, R * H plus a pair of the widest tiles past it, fits the int
+// the copies walk it in.
+inline bool x_can_span(const ForwardProblem& p) {
+  return p.shard_width % kBlockK != 0 && p.num_shards * p.shard_width <= kMaxCoordinate - 1024;
+}
+
+// The fields of `args` that copy x along the concatenation (strides in elements).
+inline void set_span_source(CoreArgs& args, const ForwardProblem& p, const RowView& rows) {
+  args.span_shards = 1;
+  args.x = p.x;
+  args.x_shard_stride = p.x_stride_shard;
+  args.x_outer_stride = rows.outer_stride;
+  args.x_inner_stride = rows.inner_stride;
+  args.x_shard_width = make_fast_divisor(static_cast<int>(p.shard_width));
+  args.x_columns = static_cast<int>(p.num_shards * p.shard_width);
+}
+
 // The bytes of fp32 partial sums that `plan` writes to its workspace: [split][rows][out_ld] for a
 // split across the grid, none otherwise.
 inline int64_t grid_split_workspace_bytes(const CoreShape& shape, const CorePlan& plan, int64_t out_ld) {
