@@ -278,6 +278,30 @@ def test_gradient_of_an_expanded_grad_out(device):
     torch.testing.assert_close(w.grad, w64.grad)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("needs", [(True, True, True), (True, False, False), (False, True, False), (False, False, True)],
+                         ids=str)
+def test_eager_autograd_path_gives_the_registered_gradients(device, needs):
+    # vga_linear.gather_concat_linear trains through _EagerAutograd (a plain autograd.Function);
+    # torch.ops.vga.gather_concat_linear through the kernel register_autograd installs. Same
+    # setup_context and backward: bitwise-equal gradients, whichever inputs need them.
+    x = make_x(3, (2, 5), 8, torch.float32, device)
+    w, b = make_params(3, 8, 6, torch.float32, device)
+    g = torch.randn(2, 5, 6, device=device)
+    grads = []
+    for call in (vga_linear.gather_concat_linear, torch.ops.vga.gather_concat_linear):
+        leaves = [t.detach().clone().requires_grad_(n) for t, n in zip((x, w, b), needs)]
+        out = call(*leaves)
+        out.backward(g)
+        grads.append([t.grad for t in leaves])
+        if call is vga_linear.gather_concat_linear:
+            assert type(out.grad_fn).__name__ == "_EagerAutogradBackward"
+    for eager, registered in zip(*grads):
+        assert (eager is None) == (registered is None)
+        if eager is not None:
+            assert torch.equal(eager, registered)
+
+
 # -- the Python entry point's no-autograd fast path ------------------------------------
 
 
