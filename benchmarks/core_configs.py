@@ -264,6 +264,13 @@ def _cheapest(candidates):
     return best
 
 
+def _cheapest_along_concatenation(rec, kind, p, base_keys, skips_fill, resident):
+    """choose_plan's pick among `base_keys` (forced names without "/span") for the product with x's
+    operand along the concatenation, as _plans' (cost, key, order), or None."""
+    shape = core_shape(rec, kind, skips_fill, "span")
+    return _cheapest(_plans(kind, p, base_keys, {False: shape}, True, resident)).get(False)
+
+
 def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
     this product, and the keys the rule could pick at all ((None, []) if none): sm90_gemm_plan's
@@ -275,9 +282,9 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     counts (RESIDENT's keys). The shapes are 3-D x's (one outer batch index)."""
     if kind == "gw" and layout == "span" and rec["H"] % 64 != 0:  # always the concatenation's columns
         span_keys = [k for k in keys if k.endswith("/span")]
-        span = _cheapest(_plans(kind, p, [k.removesuffix("/span") for k in span_keys],
-                                {False: core_shape(rec, kind, skips_fill, "span")}, True, resident))
-        return (span[False][1] + "/span", span_keys) if span else (None, [])
+        span = _cheapest_along_concatenation(rec, kind, p, [k.removesuffix("/span") for k in span_keys], skips_fill,
+                                             resident)
+        return (span[1] + "/span", span_keys) if span else (None, [])
     spans = kind == "fwd" and layout == "span" and rec["H"] % 64 not in (0, 16, 32)
     shard_layout = "packed" if layout == "span" else layout
     shapes = {False: core_shape(rec, kind, skips_fill, shard_layout),
@@ -292,13 +299,13 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     chosen, eligible = best[swaps][1], [c[1] for c in candidates]
     if spans:
         span_keys = sorted({k.removesuffix("/span") for k in keys if int(k.split("/")[1][1:]) not in TOKEN_WIDTHS})
-        span = _cheapest(_plans(kind, p, span_keys, {False: core_shape(rec, kind, skips_fill, "span")}, True, resident))
+        span = _cheapest_along_concatenation(rec, kind, p, span_keys, skips_fill, resident)
         if span:
             charged = {sw: dict(shape, skips_fill=False) for sw, shape in shapes.items()}
             chosen_cost = _plans(kind, p, [chosen], charged, first_only, resident)[0][0]
             eligible += [k + "/span" for k in span_keys]
-            if span[False][0] < 0.97 * chosen_cost:
-                chosen = span[False][1] + "/span"
+            if span[0] < 0.97 * chosen_cost:
+                chosen = span[1] + "/span"
     return chosen, eligible
 
 

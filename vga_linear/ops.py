@@ -344,21 +344,21 @@ class _EagerAutograd(torch.autograd.Function):
         return _backward(ctx, grad_out)
 
 
+_is_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
 def _traced_or_transformed() -> bool:
     """A tracer, a functorch transform or a forward-mode AD level is active: the op's registered
     kernels must see the call (the eager shortcuts below would hide it from them)."""
-    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+    return (_is_compiling() or torch._C._are_functorch_transforms_active()
             or torch.autograd.forward_ad._current_level >= 0)
 
 
 def _needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                        or (bias is not None and bias.requires_grad))
-
-
-_is_grad_enabled = torch.is_grad_enabled
-_is_compiling = torch.compiler.is_compiling
-_dispatch_modes = torch._C._len_torch_dispatch_stack
+    """Autograd has something to record: grad mode is on and an input requires grad."""
+    return (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)) and _is_grad_enabled()
 
 
 def _cpu_forward_direct(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -395,8 +395,7 @@ def gather_concat_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) 
     """
     if (
         type(x) is Tensor and x.is_cpu and type(weight) is Tensor
-        and not ((x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-                 and _is_grad_enabled())
+        and not _needs_grad(x, weight, bias)
         and not _is_compiling() and _dispatch_modes() == 0
     ):
         return _cpu_forward_direct(x, weight, bias)

@@ -157,8 +157,8 @@ inline void sm90_grad_weight(const GradWeightProblem& g, cudaStream_t stream) {
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
     const Sm90GradWeightPlan chosen = sm90_grad_weight_plan<Element>(g);
-    args.b_shard_width =
-        make_fast_divisor(!chosen.copies_span && grad_weight_boxes_span_shards(p) ? static_cast<int>(p.shard_width) : 0);
+    // (columns copied along the concatenation have H % 64 != 0: their boxes never span shards)
+    args.b_shard_width = make_fast_divisor(grad_weight_boxes_span_shards(p) ? static_cast<int>(p.shard_width) : 0);
     if (chosen.copies_span) set_span_source(args, p, rows);
     run_core<GemmKind::kGradWeight, Element>(chosen.shape, chosen.plan, args, grad_out_map, x_map_for, p.workspace,
                                              p.device_index, stream);
