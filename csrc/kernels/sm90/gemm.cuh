@@ -166,6 +166,19 @@ __device__ __forceinline__ void advance(LoadCursor& cur, int group_elements) {
   }
 }
 
+// How many k-blocks' wgmma groups a consumer keeps in flight (a stage goes back to the producers
+// that many k-blocks after its MMAs were issued). Two for the backward products' 64- and 128-wide
+// tiles, whose operands are MN-major (wgmma's transpose path): graph_calls.py timed grad_x and
+// grad_weight at 64 wide 4-14% faster with two (run 102, H200: R=40, H=128, K=5120 grad_x at 4096
+// rows 450 -> 388 µs), and where the rule picks 64 or 128 wide up to 14% faster, nowhere slower
+// beyond the runs' spread. One elsewhere: the forward (both operands K-major) lost 2-10% at 64 wide
+// (run 101, H100), and the 4- and 5-stage rings of the 256- and 192-wide tiles, whose producers run
+// a stage shorter with two, lost up to 9% (grad_weight at 256 wide).
+template <GemmKind kKind>
+constexpr int mma_groups_in_flight(int stages) {
+  return (kKind == GemmKind::kGradInput || kKind == GemmKind::kGradWeight) && stages >= 7 ? 2 : 1;
+}
+
 // The next stage of the ring (and its phase after a wrap), for the producer and the consumers alike.
 template <int kStages>
 __device__ __forceinline__ void next_stage(int& stage, uint32_t& phase) {
@@ -452,6 +465,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kCopiesB = SpanCopies<kKind, kSpanShards>::kB;
   using Tile = TileShape<kBlockN>;
   constexpr int kStages = Tile::kStages;
+  constexpr int kMmaGroupsInFlight = mma_groups_in_flight<kKind>(kStages);
+  static_assert(kMmaGroupsInFlight == 1 || kMmaGroupsInFlight == 2, "the consumers release one or two stages late");
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(shared_raw) + kSwizzleAlignment - 1) & ~uintptr_t(kSwizzleAlignment - 1));
@@ -591,7 +606,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (bias != nullptr && m < args.m_inner) row_bias[half] = to_acc<float>(bias[m * args.bias_stride]);
         }
       }
-      int previous_stage = 0;
+      // The stages of the last kMmaGroupsInFlight k-blocks, oldest first: their wgmma groups may
+      // still read them.
+      int held_stages[kMmaGroupsInFlight] = {};
       // Where the k-block lies in its group (a shard's h for the forward): the group's last k-block
       // runs only the k steps that hold data, not its zero fill (the last k-block of a 112-wide
       // head is 25% zeros; 80- and 96-wide heads pack their tails instead). The MMAs skipped save
@@ -633,14 +650,21 @@ __global__ void __launch_bounds__(kThreads, 1)
             mma_kblock<1, kKind, Element, kBlockN>(acc, desc_a, a_steps, desc_b, b_steps, first);
           }
         }
-        wgmma_wait_group<1>();
-        if (kb > c.kb_begin && warp_leader) release_stage<kInCluster>(&empty[previous_stage]);
-        previous_stage = stage;
+        // (the k-block kMmaGroupsInFlight back has completed: its stage goes back to the producers)
+        wgmma_wait_group<kMmaGroupsInFlight>();
+        if (kb - c.kb_begin >= kMmaGroupsInFlight && warp_leader) release_stage<kInCluster>(&empty[held_stages[0]]);
+#pragma unroll
+        for (int i = 0; i + 1 < kMmaGroupsInFlight; ++i) held_stages[i] = held_stages[i + 1];
+        held_stages[kMmaGroupsInFlight - 1] = stage;
         next_stage<kStages>(stage, phase);
       }
       wgmma_wait_group<0>();
-      // (a forced in-cluster slice may have no k-blocks, so no stage to release)
-      if (warp_leader && (!kInCluster || c.kb_begin < c.kb_end)) release_stage<kInCluster>(&empty[previous_stage]);
+      // the stages still held, oldest first (a forced in-cluster slice may have no k-blocks, so none)
+      if constexpr (kMmaGroupsInFlight == 2) {
+        if (warp_leader && c.kb_end - c.kb_begin >= 2) release_stage<kInCluster>(&empty[held_stages[0]]);
+      }
+      if (warp_leader && (!kInCluster || c.kb_begin < c.kb_end))
+        release_stage<kInCluster>(&empty[held_stages[kMmaGroupsInFlight - 1]]);
       if constexpr (kKind == GemmKind::kForward) {
         named_barrier_sync(1 + consumer, 128);  // this warpgroup is done reading the previous tile's bias
         if (2 * thread_in_wg < kBlockN) reinterpret_cast<float2*>(tile_bias)[thread_in_wg] = bias_value;
