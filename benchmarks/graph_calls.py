@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import harness as H
 import metrics as M
 
-DTYPES = ("bf16", "fp16")
+DTYPES = ("bf16", "fp16", "fp32")  # (fp32: force sm90_tf32x3, the Hopper fp32 family)
 KINDS = ("fwd", "gx", "gw", "bwd", "gx+gw")
 
 
