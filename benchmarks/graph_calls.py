@@ -33,7 +33,9 @@ import torch.nn.functional as F
 import harness as H
 import metrics as M
 
-DTYPES = ("bf16", "fp16", "fp32")  # (fp32: force sm90_tf32x3, the Hopper fp32 family)
+DTYPES = ("bf16", "fp16", "fp32")
+# The family a call forces unless --config names one: the Hopper family of the dtype.
+DEFAULT_CONFIG = {"bf16": "sm90_gemm", "fp16": "sm90_gemm", "fp32": "sm90_tf32x3"}
 KINDS = ("fwd", "gx", "gw", "bwd", "gx+gw")
 
 
@@ -73,7 +75,7 @@ def main() -> int:
     parser.add_argument("--rows", required=True, type=lambda s: [int(v) for v in s.split(",")])
     parser.add_argument("--kinds", default=("fwd",), type=lambda s: tuple(s.split(",")),
                         help="products to time: fwd, gx, gw, bwd, gx+gw (default fwd)")
-    parser.add_argument("--config", default="sm90_gemm", help="forced family / core configuration")
+    parser.add_argument("--config", help="forced family / core configuration (default: sm90_gemm, for fp32 sm90_tf32x3)")
     parser.add_argument("--cublas", action="store_true", help="time cuBLAS on a pre-concatenated input instead")
     parser.add_argument("--dtype", default="bf16", choices=DTYPES)
     parser.add_argument("--producer", action="store_true",
@@ -91,6 +93,7 @@ def main() -> int:
     if not args.cublas and not info.kernels_loaded:
         print(f"graph_calls.py: the CUDA kernels are not loaded ({info.error})", file=sys.stderr)
         return 1
+    args.config = args.config or DEFAULT_CONFIG[args.dtype]
     label = "cublas" if args.cublas else args.config
     points = []
     for (R, H_, K) in args.layers:
