@@ -16,6 +16,7 @@ from utils import (  # noqa: F401  (highest_fp32_precision: an autouse fixture)
     highest_fp32_precision,
     make_params,
     make_x,
+    poison_next_outputs,
     run_op,
 )
 
@@ -61,6 +62,28 @@ def test_empty_dims(device, empty):
     assert out.shape == (B, K)
     # With an empty reduction (R*H == 0) the output is the bias, broadcast.
     assert_close_to_float64(out, x, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("empty", ["batch", "K"])
+def test_empty_dims_backward(device, dtype, empty):
+    # No rows: grad_weight and grad_bias are sums over nothing (zeros); K == 0: grad_x is one. On a
+    # poisoned allocator, so a product that launches nothing where it must write zeros shows NaN.
+    R, B, H, K = 3, 4, 64, 32
+    B, K = (0, K) if empty == "batch" else (B, 0)
+    x = make_x(R, (B,), H, dtype, device).requires_grad_()
+    w, b = make_params(R, H, K, dtype, device)
+    w.requires_grad_()
+    b.requires_grad_()
+    grad_out = torch.randn((B, K), dtype=dtype, device=device)
+    poison_next_outputs([x.shape, w.shape, b.shape], dtype, device)
+    vga_linear.gather_concat_linear(x, w, b).backward(grad_out)
+    for t in (x, w, b):
+        assert t.grad.shape == t.shape and torch.equal(t.grad, torch.zeros_like(t)), t.shape
+    poison_next_outputs([x.shape, w.shape], dtype, device)
+    grad_x, grad_w = torch.ops.vga.gather_concat_linear_backward(grad_out, x.detach(), w.detach())
+    assert torch.equal(grad_x, torch.zeros_like(x)) and torch.equal(grad_w, torch.zeros_like(w))
 
 
 @pytest.mark.parametrize("device", DEVICES)
