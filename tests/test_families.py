@@ -112,6 +112,34 @@ def test_each_family_multiplies_inf_as_f_linear_does(family, dtype):
     torch.testing.assert_close(out.double()[finite], ref[finite], atol=tol, rtol=tol)
 
 
+# An input each family must take (on Hopper for the sm90 ones): a family that refused everything
+# would pass test_each_family_is_right_or_refuses.
+ACCEPTED = [
+    ("tiny", torch.float32, (2, (8,), 32, 24)),
+    ("sm90_skinny", torch.bfloat16, (4, (16,), 64, 512)),
+    ("skinny", torch.float16, (4, (16,), 64, 512)),
+    ("sm90_tf32x3", torch.float32, (4, (256,), 128, 512)),
+    ("simt_fp32", torch.float32, (4, (256,), 128, 512)),
+    ("sm90_gemm", torch.bfloat16, (4, (256,), 128, 512)),
+    ("sm90_gemm", torch.float16, (3, (333,), 80, 200)),
+    ("generic", torch.float64, (2, (3,), 8, 4)),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family, dtype, shape", ACCEPTED, ids=str)
+def test_each_family_accepts_its_own_input(family, dtype, shape):
+    if family.startswith("sm90_") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 families run on Hopper only")
+    assert {f for f, _, _ in ACCEPTED} == set(FAMILIES)  # the table names every family of the build
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, "cuda")
+    w, b = make_params(R, H, K, dtype, "cuda")
+    out, why = _family_refuses(x, w, b, family)
+    assert why is None, why
+    assert_close_to_float64(out, x, w, b)
+
+
 @pytest.mark.cuda
 def test_kernel_families_match_the_extension():
     x = make_x(2, (3,), 8, torch.float32, "cuda")
@@ -145,7 +173,11 @@ def test_auto_dispatch_names_the_core_configuration_it_runs(shape):
     family, _, config = choice.partition("/")
     assert family == "sm90_gemm" and config, choice
     assert torch.ops.vga._gather_concat_linear_choice(x, w, b, choice) == choice
-    assert torch.equal(run_op(x, w, b, choice), run_op(x, w, b)), choice
+    out = run_op(x, w, b)
+    # (the forced configurations' tests reduce over at most 16 k-blocks: these plans' long
+    # reductions, grid and cluster splits are checked here)
+    assert_close_to_float64(out, x, w, b)
+    assert torch.equal(run_op(x, w, b, choice), out), choice
 
 
 @pytest.mark.cuda
