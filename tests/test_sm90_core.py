@@ -192,6 +192,54 @@ def test_backward_op_gives_the_bits_of_its_two_products(pair, shape, layout):
     assert torch.equal(grad_w, _grad_weight(grad_out, x, pair[1]))
 
 
+# Layer shapes whose reductions are long (grad_x over K, grad_weight over the rows: the rule's grid
+# and cluster splits of tens of k-blocks, which the forced configurations above, at <= 16 k-blocks,
+# do not reach), 80-wide heads (grad_weight's columns along the concatenation), a 4-D x.
+LAYER_SHAPES = [(32, (100,), 128, 4096), (16, (2048,), 80, 1280), (12, (4096,), 64, 768), (3, (1024,), 256, 1000),
+                (8, (333,), 1024, 256), (40, (512,), 128, 5120), (2, (3, 700), 64, 512)]
+
+
+@pytest.mark.parametrize("shape", LAYER_SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_auto_dispatch_backward_at_layer_shapes(shape, layout):
+    R, batch, H, K = shape
+    dtype = torch.bfloat16
+    x = make_x(R, batch, H, dtype, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
+    w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
+    grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
+    ref_x, ref_w = _reference_grads(grad_out, x, w)
+    poison_next_outputs([x.shape, w.shape], dtype, "cuda")
+    grad_x, grad_w = torch.ops.vga.gather_concat_linear_backward(grad_out, x, w)
+    _assert_close_scaled(grad_x, ref_x, dtype)
+    _assert_close_scaled(grad_w, ref_w, dtype)
+    poison_next_output(x.shape, dtype, "cuda")
+    assert torch.equal(torch.ops.vga.gather_concat_linear_grad_x(grad_out, w, R, x), grad_x)
+    poison_next_output(w.shape, dtype, "cuda")
+    assert torch.equal(torch.ops.vga.gather_concat_linear_grad_weight(grad_out, x), grad_w)
+
+
+def test_backward_more_than_2_pow_31_elements():
+    # x and grad_x hold 2^31 + 3072 bf16 elements (64-bit offsets in grad_x's stores, a reduction over
+    # 2^21 rows for grad_weight): grad_x checked on sampled rows, grad_weight whole, in float64 by chunks.
+    R, B, H, K = 4, 2**21 + 3, 256, 64
+    torch.manual_seed(0)
+    x = torch.randn(R, B, H, dtype=torch.bfloat16, device="cuda")
+    assert x.numel() > 2**31
+    w, _ = make_params(R, H, K, torch.bfloat16, "cuda", bias=False)
+    grad_out = torch.randn(B, K, dtype=torch.bfloat16, device="cuda")
+    poison_next_outputs([x.shape, w.shape], torch.bfloat16, "cuda")
+    grad_x, grad_w = torch.ops.vga.gather_concat_linear_backward(grad_out, x, w)
+    rows = torch.cat([torch.arange(0, 64), torch.arange(B - 4096, B)]).cuda()
+    ref_x = (grad_out[rows].double() @ w.double()).view(len(rows), R, H).transpose(0, 1)
+    _assert_close_scaled(grad_x[:, rows], ref_x, torch.bfloat16)
+    assert not grad_x.isnan().any()
+    ref_w = torch.zeros(K, R * H, dtype=torch.float64, device="cuda")
+    for start in range(0, B, 1 << 16):
+        chunk = slice(start, min(start + (1 << 16), B))
+        ref_w += grad_out[chunk].double().t() @ x[:, chunk].transpose(0, 1).reshape(-1, R * H).double()
+    _assert_close_scaled(grad_w, ref_w, torch.bfloat16)
+
+
 @pytest.mark.parametrize("batch", [(5, 7), (64,)])
 @pytest.mark.parametrize("x_layout", ["none", "contiguous", "sdpa", "padded"])
 def test_grad_x_layout_matches_register_fake(batch, x_layout):
