@@ -1,9 +1,12 @@
 """torch.compile traces the op (and its backward) with no graph break."""
 
+import warnings
+
 import pytest
 import torch
 
 import vga_linear
+import vga_linear.compile as vc
 from utils import assert_close_to_float64, make_params, make_x
 
 
@@ -47,6 +50,25 @@ def test_inductor_fullgraph_cuda(dynamic):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_inductor_fullgraph_backward_cuda(dynamic):
+    # Inductor traces the op's backward (on Hopper, the fused backward op on the GEMM core for these
+    # bf16 shapes) over shapes that change between calls, 3-D and 4-D x; gradients as the eager op's.
+    torch._dynamo.reset()
+    compiled = torch.compile(_fn, backend="inductor", fullgraph=True, dynamic=dynamic)
+    for R, batch, H, K in [(4, (256,), 64, 128), (4, (300,), 64, 128), (8, (2, 130), 64, 256)]:
+        leaves = [make_x(R, batch, H, torch.bfloat16, "cuda"), *make_params(R, H, K, torch.bfloat16, "cuda")]
+        grad_out = torch.randn((*batch, K), dtype=torch.bfloat16, device="cuda")
+        grads = []
+        for fn in (compiled, _fn):
+            inputs = [t.detach().clone().requires_grad_() for t in leaves]
+            fn(*inputs).backward(grad_out)
+            grads.append([t.grad for t in inputs])
+        for got, eager in zip(*grads):
+            torch.testing.assert_close(got, eager, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.cuda
 def test_reduce_overhead_cuda():
     torch._dynamo.reset()
     compiled = torch.compile(vga_linear.gather_concat_linear, mode="reduce-overhead", fullgraph=True)
@@ -56,3 +78,35 @@ def test_reduce_overhead_cuda():
         x.copy_(torch.randn_like(x))
         out = compiled(x, w, b).clone()
         assert_close_to_float64(out, x, w, b)
+
+
+def test_rewrite_fails_soft_on_untested_torch(monkeypatch):
+    # (here: test_compile_rewrite.py skips itself on exactly such a torch) One warning, nothing
+    # installed in Inductor's config, and a model compiles and runs as without the package.
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    monkeypatch.delenv("VGA_LINEAR_COMPILE_ANY_TORCH", raising=False)
+    monkeypatch.setattr(vc, "_warned", set())
+    assert vc.supported() is not None
+    before = inductor_config.pre_grad_custom_pass
+    with pytest.warns(RuntimeWarning, match="outside the tested range"):
+        assert vc.enable() is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning only
+        assert vc.enable() is False
+        assert vc.options() == {}
+        with vc.enabled():
+            assert not vc.is_enabled()
+            assert inductor_config.pre_grad_custom_pass is before
+    assert not vc.is_enabled() and inductor_config.pre_grad_custom_pass is before
+    torch._dynamo.reset()
+    proj = torch.nn.Linear(24, 5)
+    x = torch.randn(3, 4, 8)
+
+    def model(a):
+        return proj(torch.cat(a.unbind(0), -1))
+
+    torch.testing.assert_close(torch.compile(model, backend="aot_eager", fullgraph=True)(x), model(x))
+    monkeypatch.setenv("VGA_LINEAR_COMPILE_ANY_TORCH", "1")
+    assert vc.supported() is None
