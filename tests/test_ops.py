@@ -3,7 +3,7 @@ errors, autograd. Each CUDA kernel family forced on its own: tests/test_families
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vga_linear
@@ -12,6 +12,7 @@ from utils import (  # noqa: F401  (highest_fp32_precision: an autouse fixture)
     DTYPES,
     SHAPES,
     TOLERANCE,
+    assert_close_scaled,
     assert_close_to_float64,
     highest_fp32_precision,
     make_params,
@@ -166,6 +167,42 @@ def test_hypothesis_cpu(problem):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_hypothesis_cuda(dtype):
     given(problems(dtypes=(dtype,)))(lambda problem: _check_problem(problem, "cuda"))()
+
+
+@st.composite
+def layer_problems(draw):
+    """Hopper-sized half-precision problems: the dispatcher's plans (tile widths, splits, packed
+    tails, span copies, swapped tokens) at random sizes and layouts, misaligned ones included."""
+    R = draw(st.integers(1, 40))
+    H = draw(st.sampled_from([8, 16, 48, 64, 80, 96, 112, 128, 136, 256]))
+    rows = draw(st.integers(1, 4096))
+    batch = (rows,) if draw(st.booleans()) else (draw(st.integers(1, 4)), max(1, rows // 4))
+    K = draw(st.one_of(st.integers(1, 2048), st.integers(1, 256).map(lambda v: 8 * v)))
+    layout = draw(st.sampled_from(LAYOUTS + ["misaligned", "odd_pitch"]))
+    dtype = draw(st.sampled_from([torch.bfloat16, torch.float16]))
+    bias = draw(st.booleans())
+    seed = draw(st.integers(0, 2**31 - 1))
+    return R, batch, H, K, layout, dtype, bias, seed
+
+
+def _check_layer_problem(problem):
+    R, batch, H, K, layout, dtype, bias, seed = problem
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = make_x(R, batch, H, dtype, "cuda", layout, generator=g)
+    weight, b = make_params(R, H, K, dtype, "cuda", bias, generator=g)
+    assert_close_to_float64(run_op(x, weight, b), x, weight, b)
+    grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda", generator=g)
+    poison_next_outputs([x.shape, weight.shape], dtype, "cuda")
+    grad_x, grad_w = torch.ops.vga.gather_concat_linear_backward(grad_out, x, weight)
+    assert_close_scaled(grad_x, vga_linear.ops._grad_x_reference(grad_out.double(), weight.double(), R))
+    assert_close_scaled(grad_w, vga_linear.ops._grad_weight_reference(grad_out.double(), x.double()))
+
+
+# At most 200 problems of these sizes, also under the "device" profile.
+@pytest.mark.cuda
+def test_hypothesis_cuda_layer_sizes():
+    runs = settings(settings(), max_examples=min(settings().max_examples, 200))
+    runs(given(layer_problems())(_check_layer_problem))()
 
 
 # -- opcheck and autograd -------------------------------------------------------------
