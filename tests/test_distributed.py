@@ -175,6 +175,11 @@ class _FakeComm:
         self.log.append(("reduce", t.shape[0]))
         return _FakeWork(self.log, t.shape[0])
 
+    def reduce_scatter(self, out, inp, group, async_op):
+        out.copy_(inp.view(self.R, *out.shape).sum(0))  # every "rank" holds this process's input
+        self.log.append(("reduce_scatter", out.shape[0]))
+        return _FakeWork(self.log, out.shape[0])
+
 
 def test_gather_overlap_schedule(monkeypatch):
     """All chunk gathers are issued up front; chunk c's compute waits for chunk c only, and reads
@@ -203,6 +208,33 @@ def test_gather_overlap_schedule(monkeypatch):
     assert all(base <= s.data_ptr() < end and s.is_contiguous() for s in seen)
     xs = torch.stack([x * (r + 1) for r in range(R)])
     torch.testing.assert_close(y, F.linear(torch.cat(list(xs), -1), w, b))
+
+
+@pytest.mark.parametrize("sum_mode", [False, True])
+def test_gather_backward_runs_the_ops_products(sum_mode):
+    """The all-gather strategy's backward computes grad_weight (and, where grad_y is summed, grad_x)
+    with the op's own products on the gathered shards, in place; its replicated grad_x is one shard's
+    plain GEMM (no concatenation), as are row_parallel's local products."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from vga_linear.distributed import strategies
+
+    R, B, H, K, C = 3, 11, 4, 5, 2
+    x = torch.randn(B, H, dtype=torch.float64)
+    w = torch.randn(K, R * H, dtype=torch.float64)
+    log = []
+    _, gathered = strategies.gather_forward(x, w, None, None, R, C, comm=_FakeComm(log, R))
+    gy = torch.randn(B, K, dtype=torch.float64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        gx, gw = strategies.gather_backward(gy, gathered, w, None, R, 0, C, sum_mode, True, True,
+                                            comm=_FakeComm(log, R))
+    ops = {event.key for event in prof.key_averages()}
+    assert "vga::gather_concat_linear_grad_weight" in ops
+    assert ("vga::gather_concat_linear_grad_x" in ops) == sum_mode
+    xs = torch.cat([x * (r + 1) for r in range(R)], -1)  # what _FakeComm's all_gather gathers
+    torch.testing.assert_close(gw, gy.t() @ xs)
+    full_gx = (gy @ w).view(B, R, H)
+    torch.testing.assert_close(gx, full_gx.sum(1) if sum_mode else full_gx[:, 0])
 
 
 def test_row_parallel_overlap_schedule(monkeypatch):
