@@ -123,6 +123,17 @@ def _grad_out_relations(grad_out: Tensor, op: str):
            lambda: f"{op}: grad_out must be (*batch, K) with one or two batch dims, got {grad_out.dim()} dims")
 
 
+def _same_relations(a: Tensor, a_name: str, b: Tensor, b_name: str, op: str):
+    """The CUDA entry's check_same (csrc/gather_concat_linear_backward.cu), in its words: a's dtype
+    supported, b's the same, both on one device."""
+    yield (a.dtype in _SUPPORTED_DTYPE_SET,
+           lambda: f"{op}: {a_name} has dtype {_dtype_name(a.dtype)}; supported dtypes are {_DTYPE_NAMES}")
+    yield (a.dtype == b.dtype, lambda: f"{op}: {a_name} and {b_name} must share one dtype, got "
+           f"{_dtype_name(a.dtype)} and {_dtype_name(b.dtype)}")
+    yield (a.device == b.device,
+           lambda: f"{op}: {b_name} is on {b.device} but {a_name} is on {a.device}; all tensors must be on one device")
+
+
 # The reference kernels (CompositeExplicitAutograd: CPU, and any device without its own).
 
 
@@ -184,14 +195,18 @@ def _empty_in_layout_of(x: Tensor, like: Tensor) -> Tensor:
 
 def _grad_x_relations(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tensor | None, op: str):
     yield from _grad_out_relations(grad_out, op)
+    yield from _same_relations(grad_out, "grad_out", weight, "weight", op)
 
     def weight_message():
         return f"{op}: weight must be (K, R*H) with K = grad_out.shape[-1] = {grad_out.shape[-1]}"
 
+    def shards_message():
+        return f"{op}: weight.shape[1] = {weight.shape[1]} is not a multiple of num_shards = {num_shards}"
+
     yield weight.dim() == 2, weight_message
     yield weight.shape[0] == grad_out.shape[-1], weight_message
-    yield (weight.shape[1] % num_shards == 0,
-           lambda: f"{op}: weight.shape[1] = {weight.shape[1]} is not a multiple of num_shards = {num_shards}")
+    yield num_shards > 0, shards_message
+    yield weight.shape[1] % num_shards == 0, shards_message
     if x is None:
         return
 
@@ -203,10 +218,13 @@ def _grad_x_relations(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tens
     yield x.shape[-1] * num_shards == weight.shape[1], x_message
     for d in range(grad_out.dim() - 1):
         yield x.shape[d + 1] == grad_out.shape[d], x_message
+    yield (x.device == grad_out.device,
+           lambda: f"{op}: x is on {x.device} but grad_out is on {grad_out.device}; all tensors must be on one device")
 
 
 def _grad_weight_relations(grad_out: Tensor, x: Tensor, op: str):
     yield from _grad_out_relations(grad_out, op)
+    yield from _same_relations(x, "x", grad_out, "grad_out", op)
 
     def message():
         return f"{op}: x must be (R, *batch, H) with the batch dims of grad_out (*batch, K)"
@@ -214,6 +232,8 @@ def _grad_weight_relations(grad_out: Tensor, x: Tensor, op: str):
     yield x.dim() == grad_out.dim() + 1, message
     for d in range(grad_out.dim() - 1):
         yield x.shape[d + 1] == grad_out.shape[d], message
+    yield ((x.shape[-1] <= 1) | (x.stride(-1) == 1),
+           lambda: f"{op}: x's last dim must have stride 1, got stride {x.stride(-1)}")
 
 
 # The backward op's parts, with the name of the op that checks its arguments.
