@@ -269,6 +269,32 @@ def test_backward_op_bad_input_names_the_op(device):
     for pattern, args in cases:
         with pytest.raises(RuntimeError, match=pattern):
             torch.ops.vga.gather_concat_linear_backward(*args)
+    # dtypes, devices and the shard count, on each backward op (the CUDA entry and the reference
+    # path word them alike)
+    x = torch.randn(3, 4, 8, device=device)
+    ops = torch.ops.vga
+    calls = [("gather_concat_linear_backward: x and grad_out must share one dtype, got float64 and float32",
+              lambda: ops.gather_concat_linear_backward(grad_out, x.double(), weight)),
+             ("gather_concat_linear_grad_x: grad_out and weight must share one dtype, got float32 and bfloat16",
+              lambda: ops.gather_concat_linear_grad_x(grad_out, weight.bfloat16(), 3)),
+             ("gather_concat_linear_grad_weight: x and grad_out must share one dtype, got float16 and float32",
+              lambda: ops.gather_concat_linear_grad_weight(grad_out, x.half())),
+             ("gather_concat_linear_grad_x: grad_out has dtype int32; supported dtypes are",
+              lambda: ops.gather_concat_linear_grad_x(grad_out.int(), weight.int(), 3)),
+             ("gather_concat_linear_grad_x: weight.shape\\[1\\] = 24 is not a multiple of num_shards = 0",
+              lambda: ops.gather_concat_linear_grad_x(grad_out, weight, 0)),
+             ("gather_concat_linear_grad_weight: x's last dim must have stride 1, got stride 4",
+              lambda: ops.gather_concat_linear_grad_weight(grad_out, torch.randn(3, 8, 4, device=device).transpose(1, 2)))]
+    if device == "cuda":
+        calls += [("gather_concat_linear_grad_x: weight is on cpu but grad_out is on cuda:0",
+                   lambda: ops.gather_concat_linear_grad_x(grad_out, weight.cpu(), 3)),
+                  ("gather_concat_linear_grad_x: x is on cpu but grad_out is on cuda:0",
+                   lambda: ops.gather_concat_linear_grad_x(grad_out, weight, 3, x.cpu())),
+                  ("gather_concat_linear_grad_weight: grad_out is on cpu but x is on cuda:0",
+                   lambda: ops.gather_concat_linear_grad_weight(grad_out.cpu(), x))]
+    for pattern, call in calls:
+        with pytest.raises(RuntimeError, match=pattern):
+            call()
 
 
 @pytest.mark.parametrize("needs", [("x", "weight"), ("x",), ("weight",)])
