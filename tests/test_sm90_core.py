@@ -272,8 +272,15 @@ def test_backward_refusals_say_why():
     w, _ = make_params(2, 64, 32, torch.float32, "cuda", bias=False)
     g = torch.randn(40, 32, device="cuda")
     xb, wb, gb = x.bfloat16(), w.bfloat16(), g.bfloat16()
+    # K odd: grad_out's rows are not 16-byte multiples, which TMA needs
+    w_odd, _ = make_params(2, 64, 33, torch.bfloat16, "cuda", bias=False)
+    g_odd = torch.randn(40, 33, dtype=torch.bfloat16, device="cuda")
     ops = torch.ops.vga
     cases = [  # (what the error says, the call)
+        ("refuses this input: row stride is not a multiple of 16 bytes",
+         lambda: ops._gather_concat_linear_grad_x_family(g_odd, w_odd, 2, "sm90_gemm")),
+        ("refuses this input: row stride is not a multiple of 16 bytes",
+         lambda: ops._gather_concat_linear_grad_weight_family(g_odd, xb, "sm90_gemm")),
         ("refuses this input: dtype is not fp16/bf16", lambda: ops._gather_concat_linear_grad_x_family(g, w, 2, "sm90_gemm")),
         ("refuses this input: dtype is not fp16/bf16", lambda: ops._gather_concat_linear_grad_weight_family(g, x, "sm90_gemm")),
         ("refuses this input: .*16-byte", lambda: ops._gather_concat_linear_grad_x_family(gb, misaligned(wb), 2, "sm90_gemm")),
@@ -299,6 +306,9 @@ def test_backward_refusals_say_why():
         with pytest.raises(RuntimeError, match=match):
             call()
     # What sm90 refuses, auto-dispatch still computes (generic), correctly.
+    ref_x, ref_w = _reference_grads(g_odd, xb, w_odd)
+    assert_close_scaled(ops.gather_concat_linear_grad_x(g_odd, w_odd, 2), ref_x)
+    assert_close_scaled(ops.gather_concat_linear_grad_weight(g_odd, xb), ref_w)
     gx = torch.ops.vga.gather_concat_linear_grad_x(gb, misaligned(wb), 2)
     assert_close_scaled(gx, _reference_grads(gb, xb, wb)[0])
 
@@ -315,6 +325,21 @@ def test_gradients_are_bitwise_deterministic(config):
         for a, b in zip(first, again):
             assert torch.equal(a, b)
         for a, b in zip(first, _backward(g, x, w, config, config)):  # (grad_weight overlapping grad_x)
+            assert torch.equal(a, b)
+
+
+def test_fp32_gradients_are_bitwise_deterministic():
+    # sm90_tf32x3's backward: transposed copies, a split grad_weight summed in a fixed order.
+    R, batch, H, K = 8, (2048,), 64, 256
+    x = make_x(R, batch, H, torch.float32, "cuda")
+    w, _ = make_params(R, H, K, torch.float32, "cuda", bias=False)
+    g = torch.randn((*batch, K), dtype=torch.float32, device="cuda")
+    family = "sm90_tf32x3"
+    first = (_grad_x(g, w, R, family, x).clone(), _grad_weight(g, x, family).clone())
+    for _ in range(3):
+        for a, b in zip(first, (_grad_x(g, w, R, family, x), _grad_weight(g, x, family))):
+            assert torch.equal(a, b)
+        for a, b in zip(first, _backward(g, x, w, family, family)):
             assert torch.equal(a, b)
 
 
