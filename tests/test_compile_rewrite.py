@@ -242,12 +242,14 @@ def test_cat_forms_rewritten(form, batch, bias):
     check_same(_make(form, bias), [_form_input(form, batch)], 1)
 
 
-@pytest.mark.parametrize("form", ATTN_FORMS)
-def test_attention_forms_rewritten(form):
-    check_same(_make(form), [_form_input(form, (2, 5))], 1)
+# (mm_t, addmm_T and matmul_3d fix their bias: none, addmm's own)
+@pytest.mark.parametrize("form,bias", [(f, b) for f in ATTN_FORMS for b in (True, False)
+                                       if b or f not in ("mm_t", "addmm_T", "matmul_3d")], ids=str)
+def test_attention_forms_rewritten(form, bias):
+    check_same(_make(form, bias), [_form_input(form, (2, 5))], 1)
 
 
-@pytest.mark.parametrize("form", ["cat_unbind", "transpose_reshape", "permute_reshape_2d", "addmm_T"])
+@pytest.mark.parametrize("form", CAT_FORMS + ATTN_FORMS)
 @pytest.mark.parametrize("dynamic", ["mark", "all"])
 def test_dynamic_shapes(form, dynamic):
     """Dynamic batch sizes: one compile serves several sizes, rewritten and correct.
@@ -380,6 +382,8 @@ def test_declines_misaligned():
             return self.proj(torch.cat(x.unbind(0), -1))
 
     _declined(Offset(), [torch.randn(R, 6, H + 4)], "misaligned")
+    # The attention gather of 3-wide heads.
+    _declined(Form("transpose_reshape", R, 3, K), [torch.randn(2, R, 5, 3)], "misaligned")
 
 
 def test_declines_a_reshape_that_is_already_a_view():
