@@ -328,6 +328,23 @@ def test_gradients_are_bitwise_deterministic(config):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("config", ["sm90_gemm/n176", "sm90_gemm/n128/s3/span", "sm90_gemm/n64/c2/span"])
+def test_token_and_span_configurations_are_bitwise_deterministic(config):
+    # The swapped forward's transposed stores; the span copies (forward k-blocks, grad_weight's
+    # columns) under both splits.
+    R, batch, H, K = 9, (1000,), 112, 264
+    x = make_x(R, batch, H, torch.bfloat16, "cuda")
+    w, b = make_params(R, H, K, torch.bfloat16, "cuda")
+    g = torch.randn((*batch, K), dtype=torch.bfloat16, device="cuda")
+    first = [run_op(x, w, b, config).clone()]
+    if "span" in config:
+        first.append(_grad_weight(g, x, config).clone())
+    for _ in range(3):
+        again = [run_op(x, w, b, config)] + ([_grad_weight(g, x, config)] if "span" in config else [])
+        for a, c in zip(first, again):
+            assert torch.equal(a, c)
+
+
 def test_fp32_gradients_are_bitwise_deterministic():
     # sm90_tf32x3's backward: transposed copies, a split grad_weight summed in a fixed order.
     R, batch, H, K = 8, (2048,), 64, 256
