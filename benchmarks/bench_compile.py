@@ -20,7 +20,14 @@ variant after the other instead, marked "seq". "fwd" runs under
 torch.no_grad(); "train" is forward + backward (no optimizer). The default set is sized to
 run in under 90 s on an H200, most of it compiling (16 compiles); the total is printed.
 
+--sweep: the two o_proj forms (cat, permute) over sweep.py's layer shapes x token counts, forward,
+compiled without and with the rewrite: issue 15's "never slower at any shape the rewrite accepts"
+checked beyond one shape. Each (layer, form) compiles both variants twice, at one token (Dynamo
+specialises a size of 1) and with the token dim dynamic for the other counts, so that a point costs
+no compile; the distribution of the ratio (min, median, max, points below 0.98) closes the table.
+
   python benchmarks/bench_compile.py [--cases a,b] [--modes fwd,train] [--forced] [--json PATH]
+  python benchmarks/bench_compile.py --sweep [--layers 7b_oproj,vit_b_heads] [--rows 1,16,1024] [--json PATH]
 """
 
 from __future__ import annotations
@@ -251,6 +258,73 @@ def time_variants(model, x, mode, variants, check=False):
     return out, True
 
 
+SWEEP_ROWS = (1, 16, 64, 256, 1024, 4096)
+SLOWER = 0.98  # a sweep point whose ratio is below this: the rewrite lost there
+
+
+def sweep_oproj(layers, rows_list, dtype, device, pass_options, smoke=False):
+    """[row dict] of each (layer, form, token count), forward: the compiled model without and with
+    the rewrite, timed alternately."""
+    from sweep import LAYERS
+
+    from torch._dynamo.utils import counters
+
+    rows_out = []
+    for name in layers:
+        R, H, K = (4, 16, 32) if smoke else LAYERS[name]
+        for form, cls in (("cat", OProjCat), ("permute", OProjPermute)):
+            torch.manual_seed(0)
+            model = cls(R, H, K, dtype, device)
+            token_dim = 1 if form == "cat" else 2
+
+            def make_input(tokens):
+                shape = (R, tokens, H) if form == "cat" else (1, R, tokens, H)
+                return torch.randn(shape, dtype=dtype, device=device)
+
+            for group in ([r for r in rows_list if r == 1], [r for r in rows_list if r != 1]):
+                if not group:
+                    continue
+                torch._dynamo.reset()
+                first = make_input(group[0])
+                if group[0] != 1:
+                    torch._dynamo.mark_dynamic(first, token_dim)
+                variants = []
+                for rewrite in (False, True):
+                    counters.clear()
+                    compiled = torch.compile(_own_code(model, f"sweep_{form}_{int(rewrite)}"))
+                    with vc.enabled(**pass_options) if rewrite else _null(), torch.no_grad():
+                        compiled(first)
+                    variants.append((compiled, counters["vga_linear"]["rewritten"]))
+                for tokens in group:
+                    x = first if tokens == group[0] else make_input(tokens)
+                    # timed outside the pass: a recompile now would drop it, so it must not happen
+                    with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
+                        base_us, us = paired_median_us([lambda c=c: c(x) for c, _ in variants])
+                    row = {"case": f"{name} {form}", "layer": [R, H, K], "rows": tokens, "mode": "fwd",
+                           "dtype": str(dtype).removeprefix("torch."), "compile_us": base_us, "rewrite_us": us,
+                           "ratio": base_us / us, "rewrites": variants[1][1]}
+                    rows_out.append(row)
+                    print(f"{row['case']:<22}{tokens:>7}{base_us:>12.1f}{us:>13.1f}{row['ratio']:>7.2f}x"
+                          f"{row['rewrites']:>10}" + ("  <" if row["ratio"] < SLOWER else ""))
+            del model
+    return rows_out
+
+
+def summarise_sweep(rows):
+    """The ratio's distribution over the sweep's points where the pass rewrote."""
+    ratios = sorted(r["ratio"] for r in rows if r["rewrites"])
+    if not ratios:
+        print("no point rewritten")
+        return {}
+    summary = {"points": len(ratios), "min": ratios[0], "median": statistics.median(ratios), "max": ratios[-1],
+               f"below_{SLOWER}": sum(r < SLOWER for r in ratios)}
+    worst = min((r for r in rows if r["rewrites"]), key=lambda r: r["ratio"])
+    print(f"ratio over {summary['points']} rewritten points: min {summary['min']:.3f} ({worst['case']}, "
+          f"{worst['rows']} rows), median {summary['median']:.3f}, max {summary['max']:.3f}; "
+          f"{summary[f'below_{SLOWER}']} below {SLOWER}")
+    return summary
+
+
 class _null:
     def __enter__(self):
         return self
@@ -259,39 +333,10 @@ class _null:
         return False
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="oproj_cat,oproj_permute,attn_eager,llama_eager",
-                    help="comma-separated; attn_sdpa and llama_sdpa are also available")
-    ap.add_argument("--modes", default="fwd,train")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--forced", action="store_true", help="also rows with require_copy=False for the sdpa cases")
-    ap.add_argument("--check", action="store_true", help="compare the two variants' outputs")
-    ap.add_argument("--json", metavar="PATH")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script, times nothing)")
-    args = ap.parse_args(argv)
-    device = "cpu" if args.smoke else "cuda"
-    if not args.smoke and not torch.cuda.is_available():
-        raise SystemExit("bench_compile.py needs a CUDA GPU (--smoke runs tiny CPU shapes)")
-    pass_options = {"devices": ("cpu", "cuda")} if args.smoke else {}
-    if args.smoke:
-        dtype_name = "float32"
-        args.dtype = dtype_name
-    dtype = getattr(torch, args.dtype)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    # every variant compiles here: a graph loaded from the FX graph cache would skip the pass, so the
-    # rewrite count and the compile time would read 0
-    torch._inductor.config.fx_graph_cache = False
-    why = vc.supported()
-    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
-    print(
-        f"vga_linear {vga_linear.__version__}, torch {torch.__version__}, {device_name}, "
-        f"kernels loaded: {vga_linear.kernels_loaded()}, rewrite supported: {why or 'yes'}"
-    )
+def run_cases(args, dtype, device, pass_options):
+    """[row dict] of each named case and mode: the compiled model without and with the rewrite."""
     rows = []
-    t_start = time.perf_counter()
-    header = f"{'case':<22}{'mode':<7}{'compile µs':>12}{'+rewrite µs':>13}{'ratio':>8}{'rewrites':>10}{'compile s':>11}"
-    print(header)
+    print(f"{'case':<22}{'mode':<7}{'compile µs':>12}{'+rewrite µs':>13}{'ratio':>8}{'rewrites':>10}{'compile s':>11}")
     for name in [c for c in args.cases.split(",") if c]:
         try:
             model, x = make_case(name, dtype, device, args.smoke)
@@ -329,6 +374,53 @@ def main(argv=None):
         del model, x
         if device == "cuda":
             torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="oproj_cat,oproj_permute,attn_eager,llama_eager",
+                    help="comma-separated; attn_sdpa and llama_sdpa are also available")
+    ap.add_argument("--modes", default="fwd,train")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--forced", action="store_true", help="also rows with require_copy=False for the sdpa cases")
+    ap.add_argument("--check", action="store_true", help="compare the two variants' outputs")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script, times nothing)")
+    ap.add_argument("--sweep", action="store_true", help="the o_proj forms over layer shapes x token counts (fwd)")
+    ap.add_argument("--layers", help="--sweep: comma-separated sweep.py layer names (default all)")
+    ap.add_argument("--rows", type=lambda v: tuple(int(t) for t in v.split(",")), default=SWEEP_ROWS,
+                    help=f"--sweep: token counts (default {','.join(map(str, SWEEP_ROWS))})")
+    args = ap.parse_args(argv)
+    device = "cpu" if args.smoke else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("bench_compile.py needs a CUDA GPU (--smoke runs tiny CPU shapes)")
+    pass_options = {"devices": ("cpu", "cuda")} if args.smoke else {}
+    if args.smoke:
+        dtype_name = "float32"
+        args.dtype = dtype_name
+    dtype = getattr(torch, args.dtype)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    # every variant compiles here: a graph loaded from the FX graph cache would skip the pass, so the
+    # rewrite count and the compile time would read 0
+    torch._inductor.config.fx_graph_cache = False
+    why = vc.supported()
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
+    print(
+        f"vga_linear {vga_linear.__version__}, torch {torch.__version__}, {device_name}, "
+        f"kernels loaded: {vga_linear.kernels_loaded()}, rewrite supported: {why or 'yes'}"
+    )
+    t_start = time.perf_counter()
+    summary = None
+    if args.sweep:
+        from sweep import LAYERS
+
+        layers = args.layers.split(",") if args.layers else list(LAYERS)[: 1 if args.smoke else None]
+        print(f"{'case':<22}{'rows':>7}{'compile µs':>12}{'+rewrite µs':>13}{'ratio':>8}{'rewrites':>10}")
+        rows = sweep_oproj(layers, args.rows, dtype, device, pass_options, args.smoke)
+        summary = summarise_sweep(rows)
+    else:
+        rows = run_cases(args, dtype, device, pass_options)
     total = time.perf_counter() - t_start
     print(f"total {total:.1f} s. ratio = compiled without / with the rewrite (> 1: the rewrite is faster)")
     if args.json:
@@ -340,7 +432,7 @@ def main(argv=None):
             "total_s": total,
         }
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            json.dump({"meta": meta, "rows": rows, **({"summary": summary} if summary else {})}, f, indent=1)
         print(f"wrote {args.json}")
 
 

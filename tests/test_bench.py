@@ -388,6 +388,33 @@ def test_train_step_cpu_smoke(tmp_path):
     assert res["op_input"] == [[R, B, S, D], [D, S * R * D, R * D, 1]]   # the head-major view, no copy
 
 
+def test_bench_compile_cpu_smoke(tmp_path):
+    import vga_linear.compile as vc
+
+    if vc.supported() is not None:
+        pytest.skip(f"rewrite not supported here: {vc.supported()}")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+
+    def run(*args):
+        out_json = tmp_path / "c.json"
+        p = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "bench_compile.py"), "--smoke", *args,
+                            "--json", str(out_json)], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                           timeout=240)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p.stdout, json.loads(out_json.read_text())
+
+    _, res = run("--cases", "oproj_cat", "--modes", "fwd,train")
+    assert [(r["case"], r["mode"], r["rewrites"]) for r in res["rows"]] == [("oproj_cat", "fwd", 1),
+                                                                            ("oproj_cat", "train", 1)]
+    # the sweep: at one token the permute form's reshape is a view (nothing to save: not rewritten)
+    stdout, res = run("--sweep", "--rows", "1,16,40")
+    points = {(r["case"], r["rows"]): r["rewrites"] for r in res["rows"]}
+    assert points == {("7b_oproj cat", 1): 1, ("7b_oproj cat", 16): 1, ("7b_oproj cat", 40): 1,
+                      ("7b_oproj permute", 1): 0, ("7b_oproj permute", 16): 1, ("7b_oproj permute", 40): 1}
+    assert res["summary"]["points"] == 5 and "ratio over 5 rewritten points" in stdout
+
+
 def test_bench_rejects_bad_shape(tmp_path):
     p = _run_bench(["--device", "cpu", "--shape", "1,2,3"], tmp_path)
     assert p.returncode == 2 and "bad --shape" in p.stderr
