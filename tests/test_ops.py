@@ -67,12 +67,12 @@ def test_empty_dims(device, empty):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("empty", ["batch", "K"])
+@pytest.mark.parametrize("empty", ["R", "batch", "H", "K"])
 def test_empty_dims_backward(device, dtype, empty):
-    # No rows: grad_weight and grad_bias are sums over nothing (zeros); K == 0: grad_x is one. On a
-    # poisoned allocator, so a product that launches nothing where it must write zeros shows NaN.
-    R, B, H, K = 3, 4, 64, 32
-    B, K = (0, K) if empty == "batch" else (B, 0)
+    # No rows: grad_weight and grad_bias are sums over nothing (zeros); K == 0: grad_x is one; no
+    # shards or empty ones: x and weight are empty. On a poisoned allocator, so a product that
+    # launches nothing where it must write zeros shows NaN.
+    R, B, H, K = [0 if name == empty else v for name, v in zip(["R", "batch", "H", "K"], [3, 4, 64, 32])]
     x = make_x(R, (B,), H, dtype, device).requires_grad_()
     w, b = make_params(R, H, K, dtype, device)
     w.requires_grad_()
@@ -80,8 +80,13 @@ def test_empty_dims_backward(device, dtype, empty):
     grad_out = torch.randn((B, K), dtype=dtype, device=device)
     poison_next_outputs([x.shape, w.shape, b.shape], dtype, device)
     vga_linear.gather_concat_linear(x, w, b).backward(grad_out)
-    for t in (x, w, b):
+    for t in (x, w):
         assert t.grad.shape == t.shape and torch.equal(t.grad, torch.zeros_like(t)), t.shape
+    assert torch.equal(b.grad, grad_out.sum(0))
+    if R == 0:  # (autograd's backward returns the empty gradients itself: the ops need a shard)
+        with pytest.raises(RuntimeError, match="is not a multiple of num_shards = 0"):
+            torch.ops.vga.gather_concat_linear_backward(grad_out, x.detach(), w.detach())
+        return
     poison_next_outputs([x.shape, w.shape], dtype, device)
     grad_x, grad_w = torch.ops.vga.gather_concat_linear_backward(grad_out, x.detach(), w.detach())
     assert torch.equal(grad_x, torch.zeros_like(x)) and torch.equal(grad_w, torch.zeros_like(w))

@@ -322,7 +322,10 @@ def _backward(ctx, grad_out):
     x, weight = ctx.saved_tensors
     grad_x = grad_weight = grad_bias = None
     grad_out = grad_out.contiguous()  # e.g. the stride-0 gradient of .sum(); a no-op otherwise
-    if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
+    if ctx.num_shards == 0:  # no shards: x and weight are empty, and so are their gradients
+        grad_x = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+    elif ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
         grad_x, grad_weight = torch.ops.vga.gather_concat_linear_backward(grad_out, x, weight)
     elif ctx.needs_input_grad[0]:
         grad_x = torch.ops.vga.gather_concat_linear_grad_x(grad_out, weight, ctx.num_shards, x)
