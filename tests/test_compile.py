@@ -81,8 +81,8 @@ def test_reduce_overhead_cuda():
 
 
 def test_rewrite_fails_soft_on_untested_torch(monkeypatch):
-    # (here: test_compile_rewrite.py skips itself on exactly such a torch) One warning, nothing
-    # installed in Inductor's config, and a model compiles and runs as without the package.
+    # (here: test_compile_rewrite.py skips itself on exactly such a torch) One warning, and nothing
+    # installed in Inductor's config.
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(torch, "__version__", "2.99.0")
@@ -100,13 +100,5 @@ def test_rewrite_fails_soft_on_untested_torch(monkeypatch):
             assert not vc.is_enabled()
             assert inductor_config.pre_grad_custom_pass is before
     assert not vc.is_enabled() and inductor_config.pre_grad_custom_pass is before
-    torch._dynamo.reset()
-    proj = torch.nn.Linear(24, 5)
-    x = torch.randn(3, 4, 8)
-
-    def model(a):
-        return proj(torch.cat(a.unbind(0), -1))
-
-    torch.testing.assert_close(torch.compile(model, backend="aot_eager", fullgraph=True)(x), model(x))
     monkeypatch.setenv("VGA_LINEAR_COMPILE_ANY_TORCH", "1")
     assert vc.supported() is None

@@ -213,8 +213,8 @@ def test_gather_overlap_schedule(monkeypatch):
 @pytest.mark.parametrize("sum_mode", [False, True])
 def test_gather_backward_runs_the_ops_products(sum_mode):
     """The all-gather strategy's backward computes grad_weight (and, where grad_y is summed, grad_x)
-    with the op's own products on the gathered shards, in place; its replicated grad_x is one shard's
-    plain GEMM (no concatenation), as are row_parallel's local products."""
+    with the op's own products on the gathered shards; its replicated grad_x is one shard's plain
+    GEMM (no concatenation)."""
     from torch.profiler import ProfilerActivity, profile
 
     from vga_linear.distributed import strategies

@@ -123,6 +123,11 @@ def _grad_out_relations(grad_out: Tensor, op: str):
            lambda: f"{op}: grad_out must be (*batch, K) with one or two batch dims, got {grad_out.dim()} dims")
 
 
+def _device_relation(a: Tensor, a_name: str, b: Tensor, b_name: str, op: str):
+    return (a.device == b.device,
+            lambda: f"{op}: {b_name} is on {b.device} but {a_name} is on {a.device}; all tensors must be on one device")
+
+
 def _same_relations(a: Tensor, a_name: str, b: Tensor, b_name: str, op: str):
     """The CUDA entry's check_same (csrc/gather_concat_linear_backward.cu), in its words: a's dtype
     supported, b's the same, both on one device."""
@@ -130,8 +135,7 @@ def _same_relations(a: Tensor, a_name: str, b: Tensor, b_name: str, op: str):
            lambda: f"{op}: {a_name} has dtype {_dtype_name(a.dtype)}; supported dtypes are {_DTYPE_NAMES}")
     yield (a.dtype == b.dtype, lambda: f"{op}: {a_name} and {b_name} must share one dtype, got "
            f"{_dtype_name(a.dtype)} and {_dtype_name(b.dtype)}")
-    yield (a.device == b.device,
-           lambda: f"{op}: {b_name} is on {b.device} but {a_name} is on {a.device}; all tensors must be on one device")
+    yield _device_relation(a, a_name, b, b_name, op)
 
 
 # The reference kernels (CompositeExplicitAutograd: CPU, and any device without its own).
@@ -218,8 +222,7 @@ def _grad_x_relations(grad_out: Tensor, weight: Tensor, num_shards: int, x: Tens
     yield x.shape[-1] * num_shards == weight.shape[1], x_message
     for d in range(grad_out.dim() - 1):
         yield x.shape[d + 1] == grad_out.shape[d], x_message
-    yield (x.device == grad_out.device,
-           lambda: f"{op}: x is on {x.device} but grad_out is on {grad_out.device}; all tensors must be on one device")
+    yield _device_relation(grad_out, "grad_out", x, "x", op)
 
 
 def _grad_weight_relations(grad_out: Tensor, x: Tensor, op: str):
