@@ -126,6 +126,7 @@ ACCEPTED = [
 ]
 
 
+@pytest.mark.skipif(not FAMILIES, reason="a source tree without built kernels")
 def test_the_accepted_inputs_name_every_family_of_the_build():
     assert {f for f, _, _ in ACCEPTED} == set(FAMILIES)
 
