@@ -44,6 +44,7 @@
 #include "shared_memory_opt_in.cuh"
 #include "skinny.cuh"
 #include "sm90/ptx.cuh"
+#include "sm90/schedule.cuh"
 #include "sm90/views.cuh"
 
 namespace vga {
@@ -78,6 +79,9 @@ struct Args {
   int kblocks_per_shard;
   int num_kblocks;
   int a_is_4d;
+  // The fp32 backward's grad_x in x's layout (sm90_tf32x3_grad.cuh): element (m, n) goes to
+  // out[scatter_row_offset(m) + scatter_column_offset(n)]; shard width 0: the row-major out.
+  sm90::OutputScatter scatter;
 };
 
 #ifdef VGA_SM90A_DEVICE
@@ -157,19 +161,22 @@ __device__ __forceinline__ void load_block_bias(float2 (&bias)[kBlockN / 8], con
   }
 }
 
-// One consumer warpgroup's 64 x 64 block (+ bias), fp32, paired stores when K is even.
+// One consumer warpgroup's 64 x 64 block (+ bias), fp32, paired stores when K is even (scattered
+// through a.scatter one element at a time: a pair may straddle two shards).
 __device__ __forceinline__ void store_block(const float (&acc)[kBlockN / 2], const float2 (&bias)[kBlockN / 8],
                                             const Args& a, int outer, int inner0, int n0, int consumer,
                                             int thread_in_wg) {
   const int warp = thread_in_wg / 32;
   const int lane = thread_in_wg % 32;
   const int row_in_tile = consumer * 64 + warp * 16 + lane / 4;
-  const bool paired = a.out_features % 2 == 0;
+  const bool scattered = a.scatter.shard_width.divisor > 0;
+  const bool paired = a.out_features % 2 == 0 && !scattered;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int inner = inner0 + row_in_tile + 8 * half;
     if (inner >= a.rows_inner) continue;
-    float* out_row = a.out + (static_cast<int64_t>(outer) * a.rows_inner + inner) * a.out_features;
+    const int64_t m = static_cast<int64_t>(outer) * a.rows_inner + inner;
+    float* out_row = a.out + (scattered ? sm90::scatter_row_offset(static_cast<int>(m), a.scatter) : m * a.out_features);
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
       const int n = n0 + j * 8 + 2 * (lane % 4);
@@ -180,7 +187,10 @@ __device__ __forceinline__ void store_block(const float (&acc)[kBlockN / 2], con
         v0 += bias[j].x;
         v1 += bias[j].y;
       }
-      if (paired) {
+      if (scattered) {
+        out_row[sm90::scatter_column_offset(n, a.scatter)] = v0;
+        if (n + 1 < a.out_features) out_row[sm90::scatter_column_offset(n + 1, a.scatter)] = v1;
+      } else if (paired) {
         *reinterpret_cast<float2*>(out_row + n) = make_float2(v0, v1);
       } else {
         out_row[n] = v0;
@@ -306,7 +316,7 @@ static __global__ void __launch_bounds__(kThreads, 1)
 
 // ------------------------------------------------------------------ host
 
-static inline void launch(const ForwardProblem& p, cudaStream_t stream) {
+static inline void launch(const ForwardProblem& p, cudaStream_t stream, const sm90::OutputScatter& scatter = {}) {
   const sm90::RowView rows = sm90::row_view(p);
   const int64_t H = p.shard_width;
   const CUtensorMap x_map = sm90::x_tensor_map(p, rows, kBlockK, kBlockM);
@@ -324,6 +334,7 @@ static inline void launch(const ForwardProblem& p, cudaStream_t stream) {
   args.kblocks_per_shard = static_cast<int>(ceil_div(H, kBlockK));
   args.num_kblocks = static_cast<int>(p.num_shards) * args.kblocks_per_shard;
   args.a_is_4d = rows.four_d ? 1 : 0;
+  args.scatter = scatter;
 
   opt_in_shared_memory<tf32x3_gemm_kernel>(kSharedBytes, "sm90_tf32x3");
   // The group raster ends on a partial group: grid = all tiles, every CTA maps to one of them.

@@ -5,13 +5,13 @@
 //   grad_W = grad_out^T @ cat(x): A = grad_out^T (K, rows), copied; B = cat(x)^T (R*H, rows), copied
 // The copies move (K*R*H) or (rows*(K + R*H)) fp32 elements twice: ~5 us at mid_fp32 against ~50 us
 // for the product. Rows are padded to a multiple of 4 (16-byte TMA strides) with zeros. grad_x in
-// x's layout goes through a workspace in the concat and is scattered into place afterwards.
+// x's layout is scattered into place by the epilogue.
 #pragma once
 
 #include <algorithm>
 
 #include "problem.cuh"
-#include "sm90/epilogue.cuh"
+#include "sm90/schedule.cuh"
 #include "sm90_tf32x3.cuh"
 #include "transpose.cuh"
 
@@ -76,25 +76,16 @@ inline const char* sm90_tf32x3_grad_input_refusal(const GradInputProblem& p) {
   return sm90_tf32x3_refusal(tf32x3_grad_detail::grad_input_as_forward(p, tf32x3_grad_detail::kAlignedStandIn));
 }
 
-// Where grad_x is not the (rows, R*H) concat (x's layout), the product goes to a workspace in the
-// concat and the GEMM core's partial-sum reduction (one split) scatters it into place.
+// Where grad_x is not the (rows, R*H) concat (x's layout), the epilogue scatters it into place.
 inline void sm90_tf32x3_grad_input(const GradInputProblem& p, cudaStream_t stream) {
   float* weight_t = static_cast<float*>(p.workspace.get(p.columns() * p.out_features * int64_t(sizeof(float))));
   const TransposeSource w{static_cast<const float*>(p.weight), p.out_features, p.out_features, 0, p.weight_stride_out,
                           p.columns(), 0, p.columns()};
   launch_transpose(w, weight_t, p.out_features, stream);
-  GradInputProblem concat = p;
   const sm90::OutputScatter layout = sm90::make_output_scatter(p.layout);
   const bool scatter = !sm90::scatters_row_major(layout, p.rows, p.columns());
-  if (scatter) concat.grad_x = p.workspace.get(p.rows * p.columns() * int64_t(sizeof(float)));
-  sm90_tf32x3_forward(tf32x3_grad_detail::grad_input_as_forward(concat, weight_t), stream);
-  if (scatter) {
-    const int64_t total = p.rows * p.columns();
-    const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(total, 256), 132 * 16));
-    sm90::reduce_partials_kernel<float><<<blocks, 256, 0, stream>>>(
-        static_cast<const float*>(concat.grad_x), 0, 1, static_cast<float*>(p.grad_x), total, p.columns(), nullptr, 0,
-        0, layout);
-  }
+  sm90_tf32x3::launch(tf32x3_grad_detail::grad_input_as_forward(p, weight_t), stream,
+                      scatter ? layout : sm90::OutputScatter{});
 }
 
 inline const char* sm90_tf32x3_grad_weight_refusal(const GradWeightProblem& g) {
