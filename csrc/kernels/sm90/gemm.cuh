@@ -188,6 +188,12 @@ __device__ __forceinline__ void next_stage(int& stage, uint32_t& phase) {
   }
 }
 
+// The stage `back` k-blocks before `stage` (a consumer walks the ring one stage a k-block).
+template <int kStages>
+__device__ __forceinline__ int stage_before(int stage, int back) {
+  return stage >= back ? stage - back : stage - back + kStages;
+}
+
 // The producer's copies for k-block `kb` (at `cur`) of tile `c` into one stage (all complete on
 // `bar`). A is two 64-row (or, MN-major, 64-column) boxes of 8 KB; B is two K-major halves (the
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
@@ -606,9 +612,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (bias != nullptr && m < args.m_inner) row_bias[half] = to_acc<float>(bias[m * args.bias_stride]);
         }
       }
-      // The stages of the last kMmaGroupsInFlight k-blocks, oldest first: their wgmma groups may
-      // still read them.
-      int held_stages[kMmaGroupsInFlight] = {};
       // Where the k-block lies in its group (a shard's h for the forward): the group's last k-block
       // runs only the k steps that hold data, not its zero fill (the last k-block of a 112-wide
       // head is 25% zeros; 80- and 96-wide heads pack their tails instead). The MMAs skipped save
@@ -652,19 +655,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         // (the k-block kMmaGroupsInFlight back has completed: its stage goes back to the producers)
         wgmma_wait_group<kMmaGroupsInFlight>();
-        if (kb - c.kb_begin >= kMmaGroupsInFlight && warp_leader) release_stage<kInCluster>(&empty[held_stages[0]]);
-#pragma unroll
-        for (int i = 0; i + 1 < kMmaGroupsInFlight; ++i) held_stages[i] = held_stages[i + 1];
-        held_stages[kMmaGroupsInFlight - 1] = stage;
+        if (kb - c.kb_begin >= kMmaGroupsInFlight && warp_leader)
+          release_stage<kInCluster>(&empty[stage_before<kStages>(stage, kMmaGroupsInFlight)]);
         next_stage<kStages>(stage, phase);
       }
       wgmma_wait_group<0>();
-      // the stages still held, oldest first (a forced in-cluster slice may have no k-blocks, so none)
-      if constexpr (kMmaGroupsInFlight == 2) {
-        if (warp_leader && c.kb_end - c.kb_begin >= 2) release_stage<kInCluster>(&empty[held_stages[0]]);
+      // the stages of the tile's last k-blocks, still held, oldest first (a forced in-cluster slice
+      // may have no k-blocks, so none)
+      for (int back = kMmaGroupsInFlight; back >= 1; --back) {
+        if (warp_leader && c.kb_end - c.kb_begin >= back) release_stage<kInCluster>(&empty[stage_before<kStages>(stage, back)]);
       }
-      if (warp_leader && (!kInCluster || c.kb_begin < c.kb_end))
-        release_stage<kInCluster>(&empty[held_stages[kMmaGroupsInFlight - 1]]);
       if constexpr (kKind == GemmKind::kForward) {
         named_barrier_sync(1 + consumer, 128);  // this warpgroup is done reading the previous tile's bias
         if (2 * thread_in_wg < kBlockN) reinterpret_cast<float2*>(tile_bias)[thread_in_wg] = bias_value;
