@@ -314,6 +314,21 @@ struct SpanRows {
   int rows;
 };
 
+// Column `column` of the concatenation in x, from `row_base` (the row's offset as if in shard 0).
+template <typename Element>
+__device__ __forceinline__ const Element* concat_column(const Element* row_base, int column, const CoreArgs& args) {
+  const int shard = fast_divide(column, args.x_shard_width);
+  return row_base + static_cast<int64_t>(shard) * args.x_shard_stride + (column - shard * args.x_shard_width.divisor);
+}
+
+// A copying thread's 16-byte chunk of its first row in a 128-byte-swizzled tile: row r's chunk q
+// lies at r * 128 + (q ^ r % 8) * 16, as a TMA box writes it.
+__device__ __forceinline__ uint32_t span_copy_destination(const uint8_t* tile, int thread) {
+  const int chunk = thread % 8;
+  const int row = thread / 8;
+  return smem_address(tile) + row * 128 + ((chunk ^ (row % 8)) * 16);
+}
+
 template <typename Element>
 __device__ __forceinline__ SpanRows span_rows(const TileCoord& c, int thread, const CoreArgs& args) {
   const int inner = c.inner0 + thread / 8;
@@ -325,23 +340,19 @@ __device__ __forceinline__ SpanRows span_rows(const TileCoord& c, int thread, co
 
 // k-block `kb` of the tile's x rows, columns 64 kb .. + 63 of the concatenation (one or more
 // shards; each 16-byte copy stays in one, as H % 8 == 0), into the 128-byte-swizzled K-major
-// layout a TMA box gives (row r's chunk q at r * 128 + (q ^ r % 8) * 16); columns past R * H
-// are zero-filled. The copies complete on the stage's full barrier (cp_async_arrive).
+// layout a TMA box gives (span_copy_destination); columns past R * H are zero-filled. The copies
+// complete on the stage's full barrier (cp_async_arrive).
 // (TMA boxes zero-fill rows past the tile too; here those rows keep stale data, which only the
 // unstored output rows see.)
 template <typename Element>
 __device__ __forceinline__ void copy_span_kblock(uint8_t* a_dst, int kb, const SpanRows& r, int thread,
                                                  const CoreArgs& args) {
-  const int chunk = thread % 8;
-  const int row = thread / 8;
-  const int column = kb * kBlockK + chunk * 8;
-  const int shard = fast_divide(column, args.x_shard_width);
+  const int column = kb * kBlockK + (thread % 8) * 8;
   const bool column_valid = column < args.x_columns;
   const Element* x = static_cast<const Element*>(args.x);
-  const Element* src = x + r.first_row + static_cast<int64_t>(shard) * args.x_shard_stride +
-                       (column - shard * args.x_shard_width.divisor);
+  const Element* src = concat_column(x + r.first_row, column, args);
   const int64_t pass_stride = kSpanRowsPerPass * args.x_inner_stride;
-  const uint32_t dst = smem_address(a_dst) + row * 128 + ((chunk ^ (row % 8)) * 16);
+  const uint32_t dst = span_copy_destination(a_dst, thread);
   // Rows past the tile's last are not copied (their output rows are never stored); columns past
   // R * H are zero-filled, as they would add to every row (a zero-filled copy reads nothing: x).
 #pragma unroll
@@ -354,28 +365,25 @@ __device__ __forceinline__ void copy_span_kblock(uint8_t* a_dst, int kb, const S
 // grad_weight's B with kSpanShards: k-block `cur` (x's rows cur.k .. + 63 of outer index
 // cur.group) of the tile's columns n0 .. n0 + kBlockN - 1 of the concatenation (one or more shards;
 // each 16-byte copy stays in one, as H % 8 == 0), into the kBlockN / 64 MN-major boxes a TMA copy
-// gives (box p: columns 64 p .. + 63, k row r's chunk q at r * 128 + (q ^ r % 8) * 16). Thread t
-// copies chunk t % 8 of k rows t / 8 + 16 i of every box. Rows past the group's are zero-filled: they
+// gives (box p: columns 64 p .. + 63, each as span_copy_destination lays out). Thread t copies
+// chunk t % 8 of k rows t / 8 + 16 i of every box. Rows past the group's are zero-filled: they
 // would add to every output (A's rows there are TMA's zeros, and 0 * NaN is NaN); columns past R * H
 // too (they reach only output columns that are never stored, but must not read past x).
 template <typename Element, int kBlockN>
 __device__ __forceinline__ void copy_span_columns(uint8_t* b_dst, const TileCoord& c, const LoadCursor& cur,
                                                   int thread, const CoreArgs& args) {
-  const int chunk = thread % 8;
   const int row = thread / 8;
   const Element* x = static_cast<const Element*>(args.x);
   const int rows_left = args.k_group_width - cur.k - row;  // the group's rows from the thread's first
   const Element* row_base = x + static_cast<int64_t>(cur.group) * args.x_outer_stride +
                             static_cast<int64_t>(cur.k + row) * args.x_inner_stride;
   const int64_t pass_stride = kSpanRowsPerPass * args.x_inner_stride;
-  const uint32_t dst = smem_address(b_dst) + row * 128 + ((chunk ^ (row % 8)) * 16);
+  const uint32_t dst = span_copy_destination(b_dst, thread);
 #pragma unroll
   for (int part = 0; part < kBlockN / 64; ++part) {
-    const int column = c.n0 + part * 64 + chunk * 8;
-    const int shard = fast_divide(column, args.x_shard_width);
+    const int column = c.n0 + part * 64 + (thread % 8) * 8;
     const bool column_valid = column < args.x_columns;
-    const Element* src = row_base + static_cast<int64_t>(shard) * args.x_shard_stride +
-                         (column - shard * args.x_shard_width.divisor);
+    const Element* src = concat_column(row_base, column, args);
 #pragma unroll
     for (int i = 0; i < kBlockK / kSpanRowsPerPass; ++i) {
       const bool valid = column_valid && i * kSpanRowsPerPass < rows_left;
