@@ -8,8 +8,6 @@
 // x's layout is scattered into place by the epilogue.
 #pragma once
 
-#include <algorithm>
-
 #include "problem.cuh"
 #include "sm90/schedule.cuh"
 #include "sm90_tf32x3.cuh"
