@@ -33,6 +33,7 @@ no compile; the distribution of the ratio (min, median, max, points below 0.98) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -201,9 +202,9 @@ def compile_variant(model, x, mode, rewrite, pass_options, tag):
     for p in params:
         p.requires_grad_(mode != "fwd")
     if mode == "fwd":
-        def step():
+        def step(inp=x):  # (another input of x's dims: the sweep's other token counts)
             with torch.no_grad():
-                return compiled(x)
+                return compiled(inp)
     else:
         inp = x.detach().clone().requires_grad_(x.is_floating_point())
         grad = None
@@ -218,7 +219,7 @@ def compile_variant(model, x, mode, rewrite, pass_options, tag):
             out.backward(grad)
             return out
 
-    with vc.enabled(**pass_options) if rewrite else _null():
+    with vc.enabled(**pass_options) if rewrite else contextlib.nullcontext():
         t0 = time.perf_counter()
         step()  # compiles, under the pass when rewrite
         if torch.cuda.is_available():
@@ -262,16 +263,11 @@ SWEEP_ROWS = (1, 16, 64, 256, 1024, 4096)
 SLOWER = 0.98  # a sweep point whose ratio is below this: the rewrite lost there
 
 
-def sweep_oproj(layers, rows_list, dtype, device, pass_options, smoke=False):
-    """[row dict] of each (layer, form, token count), forward: the compiled model without and with
-    the rewrite, timed alternately."""
-    from sweep import LAYERS
-
-    from torch._dynamo.utils import counters
-
+def sweep_oproj(layers, rows_list, dtype, device, pass_options):
+    """[row dict] of each (layer, form, token count) of `layers` ({name: (R, H, K)}), forward: the
+    compiled model without and with the rewrite, timed alternately."""
     rows_out = []
-    for name in layers:
-        R, H, K = (4, 16, 32) if smoke else LAYERS[name]
+    for name, (R, H, K) in layers.items():
         for form, cls in (("cat", OProjCat), ("permute", OProjPermute)):
             torch.manual_seed(0)
             model = cls(R, H, K, dtype, device)
@@ -288,24 +284,20 @@ def sweep_oproj(layers, rows_list, dtype, device, pass_options, smoke=False):
                 first = make_input(group[0])
                 if group[0] != 1:
                     torch._dynamo.mark_dynamic(first, token_dim)
-                variants = []
-                for rewrite in (False, True):
-                    counters.clear()
-                    compiled = torch.compile(_own_code(model, f"sweep_{form}_{int(rewrite)}"))
-                    with vc.enabled(**pass_options) if rewrite else _null(), torch.no_grad():
-                        compiled(first)
-                    variants.append((compiled, counters["vga_linear"]["rewritten"]))
+                (step, _, _, _), (rewrite_step, rewrites, _, _) = (
+                    compile_variant(model, first, "fwd", rewrite, pass_options, f"sweep_{form}_{int(rewrite)}")
+                    for rewrite in (False, True))
                 for tokens in group:
                     x = first if tokens == group[0] else make_input(tokens)
                     # timed outside the pass: a recompile now would drop it, so it must not happen
-                    with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
-                        base_us, us = paired_median_us([lambda c=c: c(x) for c, _ in variants])
+                    with torch._dynamo.config.patch(error_on_recompile=True):
+                        base_us, us = paired_median_us([lambda: step(x), lambda: rewrite_step(x)])
                     row = {"case": f"{name} {form}", "layer": [R, H, K], "rows": tokens, "mode": "fwd",
                            "dtype": str(dtype).removeprefix("torch."), "compile_us": base_us, "rewrite_us": us,
-                           "ratio": base_us / us, "rewrites": variants[1][1]}
+                           "ratio": base_us / us, "rewrites": rewrites}
                     rows_out.append(row)
                     print(f"{row['case']:<22}{tokens:>7}{base_us:>12.1f}{us:>13.1f}{row['ratio']:>7.2f}x"
-                          f"{row['rewrites']:>10}" + ("  <" if row["ratio"] < SLOWER else ""))
+                          f"{rewrites:>10}" + ("  <" if row["ratio"] < SLOWER else ""))
             del model
     return rows_out
 
@@ -323,14 +315,6 @@ def summarise_sweep(rows):
           f"{worst['rows']} rows), median {summary['median']:.3f}, max {summary['max']:.3f}; "
           f"{summary[f'below_{SLOWER}']} below {SLOWER}")
     return summary
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def run_cases(args, dtype, device, pass_options):
@@ -415,9 +399,10 @@ def main(argv=None):
     if args.sweep:
         from sweep import LAYERS
 
-        layers = args.layers.split(",") if args.layers else list(LAYERS)[: 1 if args.smoke else None]
+        names = args.layers.split(",") if args.layers else list(LAYERS)[: 1 if args.smoke else None]
+        layers = {name: (4, 16, 32) if args.smoke else LAYERS[name] for name in names}
         print(f"{'case':<22}{'rows':>7}{'compile µs':>12}{'+rewrite µs':>13}{'ratio':>8}{'rewrites':>10}")
-        rows = sweep_oproj(layers, args.rows, dtype, device, pass_options, args.smoke)
+        rows = sweep_oproj(layers, args.rows, dtype, device, pass_options)
         summary = summarise_sweep(rows)
     else:
         rows = run_cases(args, dtype, device, pass_options)
