@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vga_linear
-from utils import assert_close_scaled, assert_close_to_float64, make_params, make_x
+from utils import assert_close_scaled, assert_close_to_float64, make_params, make_x, reference_grads
 
 pytestmark = pytest.mark.cuda
 
@@ -172,12 +172,6 @@ BACKWARD_PAIRS = [("sm90_gemm", "sm90_gemm"), ("sm90_gemm/n128/s2", "sm90_gemm/n
                   ("sm90_gemm/n64/c2", "sm90_gemm/n64/c4")]
 
 
-def grads64(grad_out, x, weight):
-    g = grad_out.double()
-    return (vga_linear.ops._grad_x_reference(g, weight.double(), x.shape[0], x.double()),
-            vga_linear.ops._grad_weight_reference(g, x.double()))
-
-
 def assert_grads_close(got, ref):
     for out, expected in zip(got, ref):
         assert_close_scaled(out, expected)  # (a read before its producer wrote it: NaN, or off by the whole value)
@@ -216,7 +210,7 @@ def test_backward_op_after_a_slow_predecessor(pair, slow_copy):
         slow_copy(source, grad_out)
         got = torch.ops.vga._gather_concat_linear_backward_family(grad_out, x, weight, *pair)
         torch.cuda.synchronize()
-        assert_grads_close(got, grads64(source, x, weight))
+        assert_grads_close(got, reference_grads(source, x, weight))
 
 
 def test_the_op_after_the_backward_reads_grad_x_complete():
@@ -245,7 +239,7 @@ def test_the_op_after_the_backward_reads_grad_x_complete():
         grad_x, grad_w = ops._gather_concat_linear_backward_family(grad_out, x, weight, *configs)
         out = ops._gather_concat_linear_family(grad_x, next_weight, next_bias, "sm90_gemm")  # (launched programmatically)
         torch.cuda.synchronize()
-        assert_grads_close((grad_x, grad_w), grads64(grad_out, x, weight))
+        assert_grads_close((grad_x, grad_w), reference_grads(grad_out, x, weight))
         assert_close_to_float64(out, grad_x, next_weight, next_bias)
 
 
@@ -266,7 +260,7 @@ def test_backward_op_in_deterministic_mode():
             assert all(torch.equal(a, b) for a, b in zip(got, expected)), pair
     finally:
         torch.use_deterministic_algorithms(False)
-    assert_grads_close(usual[0], grads64(grad_out, x, weight))
+    assert_grads_close(usual[0], reference_grads(grad_out, x, weight))
 
 
 def test_two_layers_backward():

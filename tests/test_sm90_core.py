@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import vga_linear
-from utils import (TWO_GPUS, assert_close_scaled, assert_close_to_float64, make_params, make_x, misaligned,
-                   poison_next_output, poison_next_outputs, run_op)
+from utils import (LAYER_SHAPES, TWO_GPUS, assert_close_scaled, assert_close_to_float64, make_params, make_x,
+                   misaligned, poison_next_output, poison_next_outputs, reference_grads, run_op)
 
 pytestmark = pytest.mark.cuda
 
@@ -57,12 +57,6 @@ SHAPES = [
 # K odd: no 16-byte stores of output rows (or, swapped, of W rows); the backward kinds refuse it
 # (grad_out's rows are not 16-byte multiples for TMA).
 FORWARD_SHAPES = SHAPES + [(3, (333,), 64, 77)]
-
-
-def _reference_grads(grad_out, x, w):
-    """grad_x and grad_weight in float64, by vga_linear.ops' own references (the ops' CPU kernels)."""
-    g = grad_out.double()
-    return vga_linear.ops._grad_x_reference(g, w.double(), x.shape[0]), vga_linear.ops._grad_weight_reference(g, x.double())
 
 
 def _grad_x(grad_out, w, R, family, x=None):
@@ -114,7 +108,7 @@ def test_grad_weight_column_layouts(config, dtype, shape, layout):
     grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
     grad_w = _grad_weight(grad_out, x, config)
     assert grad_w.shape == w.shape and grad_w.is_contiguous()
-    assert_close_scaled(grad_w, _reference_grads(grad_out, x, w)[1])
+    assert_close_scaled(grad_w, reference_grads(grad_out, x, w)[1])
     assert torch.equal(grad_w, _grad_weight(grad_out, x, config))  # bitwise deterministic
 
 
@@ -139,7 +133,7 @@ def test_backward_configs(config, dtype, shape, layout):
     x = make_x(R, batch, H, dtype, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
     w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
     grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
-    ref_x, ref_w = _reference_grads(grad_out, x, w)
+    ref_x, ref_w = reference_grads(grad_out, x, w)
     # without x: the (rows, R*H) concat's view; with x: x's strides where x is dense (contiguous, the SDPA view)
     for like in (None, x):
         grad_x = _grad_x(grad_out, w, R, config, like)
@@ -175,19 +169,12 @@ def test_backward_op_gives_the_bits_of_its_two_products(pair, shape, layout):
     w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
     grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
     grad_x, grad_w = _backward(grad_out, x, w, *pair)
-    ref_x, ref_w = _reference_grads(grad_out, x, w)
+    ref_x, ref_w = reference_grads(grad_out, x, w)
     assert_close_scaled(grad_x, ref_x)
     assert_close_scaled(grad_w, ref_w)
     alone_x = _grad_x(grad_out, w, R, pair[0], x)
     assert grad_x.stride() == alone_x.stride() and torch.equal(grad_x, alone_x)
     assert torch.equal(grad_w, _grad_weight(grad_out, x, pair[1]))
-
-
-# Layer shapes whose reductions are long (grad_x over K, grad_weight over the rows: the rule's grid
-# and cluster splits of tens of k-blocks, which the forced configurations above, at <= 16 k-blocks,
-# do not reach), 80-wide heads (grad_weight's columns along the concatenation), a 4-D x.
-LAYER_SHAPES = [(32, (100,), 128, 4096), (16, (2048,), 80, 1280), (12, (4096,), 64, 768), (3, (1024,), 256, 1000),
-                (8, (333,), 1024, 256), (40, (512,), 128, 5120), (2, (3, 700), 64, 512)]
 
 
 @pytest.mark.parametrize("shape", LAYER_SHAPES, ids=str)
@@ -198,7 +185,7 @@ def test_auto_dispatch_backward_at_layer_shapes(shape, layout):
     x = make_x(R, batch, H, dtype, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
     w, _ = make_params(R, H, K, dtype, "cuda", bias=False)
     grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
-    ref_x, ref_w = _reference_grads(grad_out, x, w)
+    ref_x, ref_w = reference_grads(grad_out, x, w)
     poison_next_outputs([x.shape, w.shape], dtype, "cuda")
     grad_x, grad_w = torch.ops.vga.gather_concat_linear_backward(grad_out, x, w)
     assert_close_scaled(grad_x, ref_x)
@@ -306,11 +293,11 @@ def test_backward_refusals_say_why():
         with pytest.raises(RuntimeError, match=match):
             call()
     # What sm90 refuses, auto-dispatch still computes (generic), correctly.
-    ref_x, ref_w = _reference_grads(g_odd, xb, w_odd)
+    ref_x, ref_w = reference_grads(g_odd, xb, w_odd)
     assert_close_scaled(ops.gather_concat_linear_grad_x(g_odd, w_odd, 2), ref_x)
     assert_close_scaled(ops.gather_concat_linear_grad_weight(g_odd, xb), ref_w)
     gx = torch.ops.vga.gather_concat_linear_grad_x(gb, misaligned(wb), 2)
-    assert_close_scaled(gx, _reference_grads(gb, xb, wb)[0])
+    assert_close_scaled(gx, reference_grads(gb, xb, wb)[0])
 
 
 @pytest.mark.parametrize("config", ["sm90_gemm", "sm90_gemm/n128/s7", "sm90_gemm/n256/c4", "sm90_gemm/n128/c8"])
@@ -428,7 +415,7 @@ def test_fp32_backward_at_fp32_accuracy(family, shape, layout):
     x = make_x(R, batch, H, torch.float32, "cuda", ("sdpa" if len(batch) == 2 else "padded") if layout == "strided" else "contiguous")
     w, _ = make_params(R, H, K, torch.float32, "cuda", bias=False)
     grad_out = torch.randn((*batch, K), dtype=torch.float32, device="cuda")
-    ref_x, ref_w = _reference_grads(grad_out, x, w)
+    ref_x, ref_w = reference_grads(grad_out, x, w)
     # grad_x also in x's layout (contiguous x: sm90_tf32x3 scatters its concat result into place)
     for got, ref in ((_grad_x(grad_out, w, R, family), ref_x), (_grad_x(grad_out, w, R, family, x), ref_x),
                      (_grad_weight(grad_out, x, family), ref_w)):
@@ -459,7 +446,7 @@ def test_backward_on_a_second_gpu_in_the_same_process(config):
         x = make_x(R, batch, H, dtype, device)
         w, _ = make_params(R, H, K, dtype, device, bias=False)
         grad_out = torch.randn((*batch, K), dtype=dtype, device=device)
-        ref_x, ref_w = _reference_grads(grad_out, x, w)
+        ref_x, ref_w = reference_grads(grad_out, x, w)
         for got, ref in ((_grad_x(grad_out, w, R, config), ref_x), (_grad_weight(grad_out, x, config), ref_w)):
             assert got.device == torch.device(device) and torch.cuda.current_device() == 0
             assert_close_scaled(got, ref)

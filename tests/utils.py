@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import vga_linear
 from vga_linear._tolerance import TOLERANCE  # noqa: F401  (atol = rtol per dtype; tests import it from here)
 from vga_linear.reference import gather_concat_linear_float64
 
@@ -33,6 +34,14 @@ def highest_fp32_precision():
     torch.set_float32_matmul_precision("highest")
     yield
     torch.set_float32_matmul_precision(previous)
+
+
+# Layer shapes (R, batch, H, K) at which the dispatcher's own plans run the Hopper core: long
+# reductions split across the grid or in a cluster, token widths, packed tails (80-wide heads), a
+# 4-D x; the forced configurations' tests take small shapes.
+LAYER_SHAPES = [(32, (100,), 128, 4096), (32, (333,), 128, 4096), (3, (1024,), 256, 1000), (16, (2048,), 80, 1280),
+                (12, (256,), 64, 768), (12, (4096,), 64, 768), (8, (100,), 1024, 256), (8, (333,), 1024, 256),
+                (40, (512,), 128, 5120), (2, (3, 100), 64, 512), (2, (3, 700), 64, 512)]
 
 
 def make_x(R, batch, H, dtype, device, layout="contiguous", generator=None):
@@ -89,6 +98,13 @@ def assert_close_to_float64(out, x, weight, bias, dtype=None):
     assert out.is_contiguous()
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol, equal_nan=True)
+
+
+def reference_grads(grad_out, x, weight):
+    """grad_x and grad_weight in float64, by vga_linear.ops' own references (the ops' CPU kernels)."""
+    g = grad_out.double()
+    return (vga_linear.ops._grad_x_reference(g, weight.double(), x.shape[0]),
+            vga_linear.ops._grad_weight_reference(g, x.double()))
 
 
 def assert_close_scaled(out, ref):
