@@ -9,7 +9,7 @@ ROW_ORDER = ["vga", "reference", "permute", "gemm_only", "compile"]
 
 COLS = [  # header, width
     ("row", 14), ("med_us", 9), ("mean_us", 9), ("std_us", 8), ("min_us", 9), ("graph_us", 9),
-    ("wall_us", 9), ("TFLOP/s", 8), ("GB/s", 7), ("%roof", 6), ("x_ref", 6), ("x_perm", 6),
+    ("wall_us", 9), ("gpu_us", 9), ("TFLOP/s", 8), ("GB/s", 7), ("%roof", 6), ("x_ref", 6), ("x_perm", 6),
     ("x_gemm", 6), ("x_comp", 6), ("max_rel", 8), ("ok", 4), ("peakMB", 8), ("mem_x", 5),
     ("launch", 6), ("fusion", 6),
 ]
@@ -17,7 +17,9 @@ COLS = [  # header, width
 LEGEND = """\
 columns: med/mean/std/min_us = CUDA-event time per call, L2 flushed before each call (CPU: perf_counter);
   graph_us = median of CUDA-graph replays of one call (launch-bound shapes only); wall_us = eager host
-  wall per call (N back-to-back calls + 1 sync, / N); TFLOP/s = 2*B*K*R*H / median (x3 fwd+bwd);
+  wall per call (N back-to-back calls + 1 sync, / N); gpu_us = the GPU's busy time per call (union of
+  its kernels' intervals, torch.profiler, calls back to back without flush: what a host-bound row's
+  eager time hides); TFLOP/s = 2*B*K*R*H / median (x3 fwd+bwd);
   GB/s = (x + W + bias + y) bytes once / median; %roof = roofline floor / median, floor = max(flops /
   GEMM ceiling of the dtype, bytes / copy bandwidth), ceilings measured in this run; x_<row> = that
   row's median / this row's median (>1: this row is faster); max_rel = max |out-ref64| / (|ref64| + 1)
@@ -27,7 +29,7 @@ columns: med/mean/std/min_us = CUDA-event time per call, L2 flushed before each 
 
 # On the CPU there is no CUDA-graph replay, device memory or kernel-launch figure: those
 # columns are left out, and x_comp too unless --compile gave the compile row a time.
-CUDA_ONLY_COLS = ("graph_us", "peakMB", "mem_x", "launch", "fusion")
+CUDA_ONLY_COLS = ("graph_us", "gpu_us", "peakMB", "mem_x", "launch", "fusion")
 
 CPU_LEGEND = """\
 columns (CPU): med/mean/std/min_us = time.perf_counter per call (host time, no cache flush);
@@ -53,6 +55,11 @@ def fmt_launch(v):
     return str(int(t)) if abs(t - round(t)) < 1e-9 else f"{t:.1f}"
 
 
+def busy_us(d: dict):
+    """The row's GPU busy time per call (harness.count_launches), or None."""
+    return (d.get("launches") or {}).get("busy_us")
+
+
 def row_cells(d: dict) -> list:
     t = d.get("time") or {}
     g = d.get("graph") or {}
@@ -61,7 +68,7 @@ def row_cells(d: dict) -> list:
     pm = d.get("peak_mem_bytes")
     return [
         d["label"], M.fmt_us(t.get("median")), M.fmt_us(t.get("mean")), M.fmt_us(t.get("std")),
-        M.fmt_us(t.get("min")), M.fmt_us(g.get("median")), M.fmt_us(d.get("wall_us")),
+        M.fmt_us(t.get("min")), M.fmt_us(g.get("median")), M.fmt_us(d.get("wall_us")), M.fmt_us(busy_us(d)),
         M.fmt_sig(d.get("tflops")),
         M.fmt_num(d.get("gbps"), 0), M.fmt_num(d.get("pct_roofline"), 1),
         M.fmt_x(sp.get("reference")), M.fmt_x(sp.get("permute")), M.fmt_x(sp.get("gemm_only")),
@@ -126,7 +133,7 @@ def summary_lines(blocks: list, cpu: bool = False) -> list:
     def compile_med(b):
         return next((((r.get("time") or {}).get("median")) for r in b["rows"] if r["name"] == "compile"), None)
     with_compile = not cpu or any(compile_med(b) is not None for b in blocks)
-    drop = ({"graph_us", "fusion"} if cpu else set()) | (set() if with_compile else {"x_comp", "/compile"})
+    drop = ({"graph_us", "fusion", "gpu/gemm", "gpu/perm"} if cpu else set()) | (set() if with_compile else {"x_comp", "/compile"})
     baseline = ("F.linear (torch's CPU GEMM) on a pre-concatenated input; CUDA kernels not in use"
                 if cpu else "cuBLAS on a pre-concatenated input")
 
@@ -159,18 +166,23 @@ def summary_lines(blocks: list, cpu: bool = False) -> list:
 
     out = [f"== summary (vga row; x_gemm > 1 means faster than {baseline})", line(summary_cells(None, head=True))]
     out += [line(summary_cells(b)) for b in blocks]
-    out += ["", "== ratios: vga time / row time (< 1: vga faster; the form the issues' targets take)",
+    out += ["", "== ratios: vga time / row time (< 1: vga faster; the form the issues' targets take; gpu/<row>:"
+                " the same of the GPU's busy time, gpu_us, which a host-bound row's time hides)",
             line([("shape", 20, "shape", True), ("mode", 7, "mode", True), ("vga_us", 9, "vga_us", False),
                   ("/gemm_only", 10, "/gemm_only", False), ("/permute", 9, "/permute", False),
-                  ("/reference", 10, "/reference", False), ("/compile", 9, "/compile", False)])]
+                  ("/reference", 10, "/reference", False), ("/compile", 9, "/compile", False),
+                  ("gpu/gemm", 9, "gpu/gemm", False), ("gpu/perm", 9, "gpu/perm", False)])]
     for b in blocks:
         rows = {r["name"]: r for r in b["rows"]}
         t = {n: ((rows.get(n) or {}).get("time") or {}).get("median") for n in ROW_ORDER}
+        busy = {n: busy_us(rows.get(n) or {}) for n in ("vga", "gemm_only", "permute")}
         cells = [M.fmt_x(M.ratio(t["vga"], t[n])) for n in ("gemm_only", "permute", "reference", "compile")]
         out.append(line([("shape", 20, b["name"][:20], True), ("mode", 7, b["mode"], True),
                          ("vga_us", 9, M.fmt_us(t["vga"]), False), ("/gemm_only", 10, cells[0], False),
                          ("/permute", 9, cells[1], False), ("/reference", 10, cells[2], False),
-                         ("/compile", 9, cells[3], False)]))
+                         ("/compile", 9, cells[3], False),
+                         ("gpu/gemm", 9, M.fmt_x(M.ratio(busy["vga"], busy["gemm_only"])), False),
+                         ("gpu/perm", 9, M.fmt_x(M.ratio(busy["vga"], busy["permute"])), False)]))
     # strided vs contiguous of the same problem
     for b in blocks:
         s = b["shape"]
@@ -194,7 +206,7 @@ def summary_lines(blocks: list, cpu: bool = False) -> list:
 
 
 CSV_FIELDS = ["shape", "mode", "spec", "R", "B", "H", "K", "dtype", "bias", "strided", "row", "label",
-              "median_us", "mean_us", "std_us", "min_us", "n_runs", "graph_us", "wall_us", "tflops",
+              "median_us", "mean_us", "std_us", "min_us", "n_runs", "graph_us", "wall_us", "gpu_busy_us", "tflops",
               "gbps", "pct_roofline", "floor_us", "bound", "speedup_vs_reference", "speedup_vs_permute",
               "speedup_vs_gemm_only", "speedup_vs_compile", "speedup_vs_vga", "max_abs", "mean_abs",
               "max_rel", "tol", "passed", "peak_mem_mb", "mem_ratio", "kernels", "memops", "launches",
@@ -216,7 +228,7 @@ def csv_rows(blocks):
                 "row": d["name"], "label": d["label"], "median_us": t.get("median"),
                 "mean_us": t.get("mean"), "std_us": t.get("std"), "min_us": t.get("min"),
                 "n_runs": t.get("n"), "graph_us": (d.get("graph") or {}).get("median"),
-                "wall_us": d.get("wall_us"), "tflops": d.get("tflops"), "gbps": d.get("gbps"),
+                "wall_us": d.get("wall_us"), "gpu_busy_us": busy_us(d), "tflops": d.get("tflops"), "gbps": d.get("gbps"),
                 "pct_roofline": d.get("pct_roofline"), "floor_us": b["floor_us"], "bound": b["bound"],
                 **{f"speedup_vs_{k}": sp.get(k) for k in ROW_ORDER},
                 "max_abs": p.get("max_abs"), "mean_abs": p.get("mean_abs"), "max_rel": p.get("max_rel"),

@@ -348,8 +348,20 @@ _LAUNCH_APIS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cu
                 "cudaMemcpyAsync", "cudaMemsetAsync", "cudaLaunchCooperativeKernel", "cudaGraphLaunch"}
 
 
+def _union_us(intervals) -> float:
+    """Total length of the union of (start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def count_launches(fn, setup, n=3) -> dict | None:
-    """GPU work items per call from torch.profiler: kernels and memcpy/memset separately."""
+    """GPU work items per call from torch.profiler: kernels and memcpy/memset separately, and the
+    GPU's busy time per call (the union of their intervals: kernels that overlap count once, the
+    gaps the host leaves between them not at all; the calls back to back, no L2 flush)."""
     from torch.profiler import profile, ProfilerActivity
     from torch.autograd import DeviceType
     if setup:
@@ -364,6 +376,7 @@ def count_launches(fn, setup, n=3) -> dict | None:
         torch.cuda.synchronize()
     kern = memops = api = 0
     names = {}
+    busy = []
     for ev in prof.events():
         nm = ev.name or ""
         dt = getattr(ev, "device_type", None)
@@ -390,10 +403,11 @@ def count_launches(fn, setup, n=3) -> dict | None:
             else:
                 kern += 1
         names[nm] = names.get(nm, 0) + 1
+        busy.append((ev.time_range.start, ev.time_range.end))
     if kern + memops == 0:
         return None
     k, m = kern / n, memops / n
-    return {"kernels": k, "memops": m, "total": k + m, "launch_api_calls": api / n,
+    return {"kernels": k, "memops": m, "total": k + m, "launch_api_calls": api / n, "busy_us": _union_us(busy) / n,
             "names": sorted(((v / n, nm[:100]) for nm, v in names.items()), reverse=True)[:12]}
 
 

@@ -189,6 +189,29 @@ def test_formatting():
     assert M.fmt_bytes(37728) == "37.73 KB" and M.fmt_flops(172032) == "172.03 KF"
 
 
+def test_gpu_busy_time_is_the_union_of_intervals():
+    # overlapping kernels count once, the gaps between them not at all, any order
+    assert harness._union_us([(10.0, 20.0), (0.0, 5.0), (15.0, 30.0), (30.0, 31.0), (40.0, 41.0)]) == 27.0
+    assert harness._union_us([(0.0, 10.0), (2.0, 3.0)]) == 10.0 and harness._union_us([]) == 0.0
+
+
+@pytest.mark.cuda
+def test_gpu_busy_time_of_a_call():
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def call():
+        torch.mm(a, a)
+        torch.cuda._sleep(1_000_000)  # a kernel that spins ~0.5 ms or more: busy, not idle
+    launches = harness.count_launches(call, None)
+    assert launches["kernels"] >= 2  # (cuBLAS may add a kernel of its own)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    torch.cuda.synchronize()
+    assert 0.5 * start.elapsed_time(end) * 1e3 < launches["busy_us"] <= 1.5 * start.elapsed_time(end) * 1e3
+
+
 # --------------------------------------------------------------------------- bench.py pieces
 
 def test_named_suite_matches_issue():
