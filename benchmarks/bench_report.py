@@ -133,7 +133,8 @@ def summary_lines(blocks: list, cpu: bool = False) -> list:
     def compile_med(b):
         return next((((r.get("time") or {}).get("median")) for r in b["rows"] if r["name"] == "compile"), None)
     with_compile = not cpu or any(compile_med(b) is not None for b in blocks)
-    drop = ({"graph_us", "fusion", "gpu/gemm", "gpu/perm"} if cpu else set()) | (set() if with_compile else {"x_comp", "/compile"})
+    cuda_only = {"graph_us", "fusion", "gpu/gemm", "gpu/perm"}
+    drop = (cuda_only if cpu else set()) | (set() if with_compile else {"x_comp", "/compile"})
     baseline = ("F.linear (torch's CPU GEMM) on a pre-concatenated input; CUDA kernels not in use"
                 if cpu else "cuBLAS on a pre-concatenated input")
 
@@ -228,7 +229,8 @@ def csv_rows(blocks):
                 "row": d["name"], "label": d["label"], "median_us": t.get("median"),
                 "mean_us": t.get("mean"), "std_us": t.get("std"), "min_us": t.get("min"),
                 "n_runs": t.get("n"), "graph_us": (d.get("graph") or {}).get("median"),
-                "wall_us": d.get("wall_us"), "gpu_busy_us": busy_us(d), "tflops": d.get("tflops"), "gbps": d.get("gbps"),
+                "wall_us": d.get("wall_us"), "gpu_busy_us": busy_us(d), "tflops": d.get("tflops"),
+                "gbps": d.get("gbps"),
                 "pct_roofline": d.get("pct_roofline"), "floor_us": b["floor_us"], "bound": b["bound"],
                 **{f"speedup_vs_{k}": sp.get(k) for k in ROW_ORDER},
                 "max_abs": p.get("max_abs"), "mean_abs": p.get("mean_abs"), "max_rel": p.get("max_rel"),
