@@ -27,27 +27,33 @@ struct TransposeSource {
 
 static __global__ void transpose_kernel(const TransposeSource s, float* __restrict__ out, int64_t out_ld) {
   __shared__ float tile[32][33];
-  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * 32;
+  // Every extent is below 2^31 (the callers' TMA views refuse larger), so b and c split into their
+  // (outer, inner) and (shard, h) parts by 32-bit division, c's once a tile: 64-bit division, one
+  // per element and index, held this copy to a fifth of the copy bandwidth (run 119).
+  const uint32_t rows = static_cast<uint32_t>(s.rows);
+  const uint32_t rows_inner = static_cast<uint32_t>(s.rows_inner);
+  const uint32_t shard_width = static_cast<uint32_t>(s.shard_width);
+  const uint32_t b0 = blockIdx.x * 32u;
   for (int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32; c0 < s.columns; c0 += static_cast<int64_t>(gridDim.y) * 32) {
+    const uint32_t c = static_cast<uint32_t>(c0) + threadIdx.x;
+    const uint32_t shard = c / shard_width;
+    const float* column = s.base + shard * s.shard_stride + (c - shard * shard_width);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t b = b0 + threadIdx.y + 8 * i;
-      const int64_t c = c0 + threadIdx.x;
+      const uint32_t b = b0 + threadIdx.y + 8 * i;
       float v = 0.f;
-      if (b < s.rows && c < s.columns) {
-        const int64_t outer = b / s.rows_inner;
-        const int64_t shard = c / s.shard_width;
-        v = s.base[shard * s.shard_stride + outer * s.outer_stride + (b - outer * s.rows_inner) * s.inner_stride +
-                   (c - shard * s.shard_width)];
+      if (b < rows && c < s.columns) {
+        const uint32_t outer = b / rows_inner;
+        v = column[outer * s.outer_stride + (b - outer * rows_inner) * s.inner_stride];
       }
       tile[threadIdx.y + 8 * i][threadIdx.x] = v;
     }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t c = c0 + threadIdx.y + 8 * i;
+      const int64_t c_out = c0 + threadIdx.y + 8 * i;
       const int64_t b = b0 + threadIdx.x;
-      if (c < s.columns && b < out_ld) out[c * out_ld + b] = tile[threadIdx.x][threadIdx.y + 8 * i];
+      if (c_out < s.columns && b < out_ld) out[c_out * out_ld + b] = tile[threadIdx.x][threadIdx.y + 8 * i];
     }
     __syncthreads();
   }
