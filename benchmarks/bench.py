@@ -276,7 +276,7 @@ def bench_block(shape: Shape, backward: bool, ctx) -> dict:
                 r.res["mem_error"] = H.short_err(ex)
             if not args.no_profile:
                 try:
-                    r.res["launches"] = H.count_launches(call, setup)
+                    r.res["launches"] = H.profile_call(call, setup)
                     if r.res["launches"] is None:
                         r.res["launch_error"] = "torch.profiler recorded no CUDA activity"
                 except Exception as ex:  # noqa: BLE001

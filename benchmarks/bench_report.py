@@ -56,7 +56,7 @@ def fmt_launch(v):
 
 
 def busy_us(d: dict):
-    """The row's GPU busy time per call (harness.count_launches), or None."""
+    """The row's GPU busy time per call (harness.profile_call), or None."""
     return (d.get("launches") or {}).get("busy_us")
 
 

@@ -8,7 +8,7 @@ Nothing here touches the GPU at import time.
   the op      load_op(): vga_linear (installed, else this checkout), never failing the caller
   the problem make_inputs(), reference_fn / permute_fn (what users write), reference64()
   timers      GpuTimer (CUDA events, L2 flushed by a read before each call), cpu_times,
-              wall_us, graph_times, peak_mem_bytes, count_launches
+              wall_us, graph_times, peak_mem_bytes, profile_call
   ceilings    measure_ceilings(), add_gemm_ceiling(): copy bandwidth and GEMM rate, measured now
   reporting   environment(), write_json(), pyplot(), short_err()
 """
@@ -358,7 +358,7 @@ def _union_us(intervals) -> float:
     return total
 
 
-def count_launches(fn, setup, n=3) -> dict | None:
+def profile_call(fn, setup, n=3) -> dict | None:
     """GPU work items per call from torch.profiler: kernels and memcpy/memset separately, and the
     GPU's busy time per call (the union of their intervals: kernels that overlap count once, the
     gaps the host leaves between them not at all; the calls back to back, no L2 flush)."""

@@ -109,7 +109,7 @@ inline void sm90_tf32x3_grad_weight(const GradWeightProblem& g, cudaStream_t str
                           two_dims ? p.x_stride_outer : 0, two_dims ? p.x_stride_inner : p.x_stride_outer,
                           p.shard_width, p.x_stride_shard, p.reduction()};
   launch_transpose(x, x_t, padded_rows, stream);
-  sm90_tf32x3_forward(tf32x3_grad_detail::grad_weight_as_forward(g, grad_out_t, x_t, padded_rows), stream);
+  sm90_tf32x3::launch(tf32x3_grad_detail::grad_weight_as_forward(g, grad_out_t, x_t, padded_rows), stream);
 }
 
 }  // namespace vga
