@@ -185,8 +185,14 @@ def skip_without_programmatic_launch():
 
 
 def event_ms(fn):
+    """One call's GPU time: a spinning kernel ahead of the start event (~1 ms) lets the host queue the
+    call before the GPU reaches it, so the host's time per call is not counted. (Without it, the
+    H200 machine of run 122, whose host-bound bench rows take 2-3x the H100 machine's, timed
+    grad_weight's call below at 79 us, more than its ~16 MB and 256 short tiles explain, and failed
+    the premise at 1.7x.)"""
     fn()  # (warm)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(2_000_000)
     start.record()
     fn()
     end.record()
