@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vga_linear
-from utils import assert_close_scaled, assert_close_to_float64, make_params, make_x, reference_grads
+from utils import assert_close_scaled, assert_close_to_float64, gpu_ms, make_params, make_x, reference_grads
 
 pytestmark = pytest.mark.cuda
 
@@ -184,22 +184,6 @@ def skip_without_programmatic_launch():
         pytest.skip("programmatic launch is off (VGA_LINEAR_PDL=0)")
 
 
-def event_ms(fn):
-    """One call's GPU time: a spinning kernel ahead of the start event (~1 ms) lets the host queue the
-    call before the GPU reaches it, so the host's time per call is not counted. (Without it, the
-    H200 machine of run 122, whose host-bound bench rows take 2-3x the H100 machine's, timed
-    grad_weight's call below at 79 us, more than its ~16 MB and 256 short tiles explain, and failed
-    the premise at 1.7x.)"""
-    fn()  # (warm)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(2_000_000)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
-
-
 @pytest.mark.parametrize("pair", BACKWARD_PAIRS, ids=str)
 def test_backward_op_after_a_slow_predecessor(pair, slow_copy):
     skip_without_programmatic_launch()
@@ -234,8 +218,8 @@ def test_the_op_after_the_backward_reads_grad_x_complete():
     next_weight, next_bias = make_params(2, H, K_next, torch.bfloat16, "cuda")
     grad_out = torch.randn(rows, K, dtype=torch.bfloat16, device="cuda")
     ops = torch.ops.vga
-    alone_x = event_ms(lambda: ops._gather_concat_linear_grad_x_family(grad_out, weight, 2, configs[0], x))
-    alone_w = event_ms(lambda: ops._gather_concat_linear_grad_weight_family(grad_out, x, configs[1]))
+    alone_x = gpu_ms(lambda: ops._gather_concat_linear_grad_x_family(grad_out, weight, 2, configs[0], x))
+    alone_w = gpu_ms(lambda: ops._gather_concat_linear_grad_weight_family(grad_out, x, configs[1]))
     # (the premise, measured: 2.9-3.5x on an H100; grad_weight done in half of grad_x's time is "long before")
     assert alone_x > 2 * alone_w, f"the premise: grad_x alone {alone_x:.3f} ms, grad_weight alone {alone_w:.3f} ms"
     for _ in range(3):  # fresh grad_out each round: a read ahead of grad_x's stores sees NaN or stale values

@@ -138,3 +138,18 @@ def run_op(x, weight, bias, family=None):
     if family is None:
         return torch.ops.vga.gather_concat_linear(x, weight, bias)
     return torch.ops.vga._gather_concat_linear_family(x, weight, bias, family)
+
+
+def gpu_ms(fn):
+    """One call's GPU time in ms, after a warm-up call: a spinning kernel ahead of the start event
+    (~1 ms) lets the host queue the call before the GPU reaches it, so the host's time per call is
+    not counted. (Without it, the H200 machine of run 122, whose host-bound bench rows take 2-3x
+    the H100 machine's, timed a 256-tile grad_weight call at 79 us, more than its ~16 MB explain.)"""
+    fn()  # (warm)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(2_000_000)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
