@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The kernel checklist on a GPU machine, in one command: what a csrc change needs before it is
+# called done (CUDA tests, compute-sanitizer on the GEMM-core configurations, the bench suites and
+# sweeps whose ratios are the performance claims). It runs the kernels already built in the
+# checkout (vga_linear/_C*.so, built on a CPU machine with CUDA_HOME set) and compiles nothing.
+#
+#   bash tools/gpu_checklist.sh [--h200-only] [STEP ...]      # default: every step, in this order
+#
+# Steps (each its own time limit, its log one file; a step's failure does not stop the next):
+#   tests     pytest -m cuda over every test file but the compile rewrite's          (limit 400 s)
+#   compile   pytest -m cuda tests/test_compile_rewrite.py (Inductor compiles: slow)   (limit 300 s)
+#   sanitize  memcheck over the core's configuration kinds and tf32x3, racecheck --quick (limit 300 s)
+#   suites    bench.py default and backward suites, eager, no compile                  (limit 300 s)
+#   sweeps    bench.py --suite sweep (forward, JSON and plot) and --backward            (limit 400 s)
+# A step's limit can be changed with LIMIT_<STEP>=seconds (LIMIT_TESTS=200). --h200-only exits 3 at
+# once on another GPU: performance claims are the H200's (an H100 still runs the correctness steps);
+# without a GPU it exits 4.
+#
+# PYTHON names the interpreter (default python3, the GPU machine's, which has torch).
+# Logs go to $OUT (or /tmp/gpu-checklist): summary.txt (the GPU, each step's exit code, time and last
+# lines) and <step>.txt, plus sweep.json and sweep.png: eight files at most.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/gpu-checklist}
+mkdir -p "$out"
+summary=$out/summary.txt
+py=${PYTHON:-python3}
+
+h200_only=0
+steps=()
+for arg in "$@"; do
+  case "$arg" in
+    --h200-only) h200_only=1 ;;
+    tests | compile | sanitize | suites | sweeps) steps+=("$arg") ;;
+    *) echo "gpu_checklist.sh: unknown argument $arg (steps: tests compile sanitize suites sweeps)" >&2; exit 2 ;;
+  esac
+done
+[ ${#steps[@]} -gt 0 ] || steps=(tests compile sanitize suites sweeps)
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+{
+  echo "gpu: ${gpu:-none}; host $(hostname); $(date -u +%FT%TZ)"
+  "$py" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
+  "$py" -c 'import vga_linear; print("kernels loaded:", vga_linear.kernels_loaded(), vga_linear.kernels_not_loaded_reason() or "")'
+  "$py" -c 'import vga_linear._build_info as b; print("build inputs", b.BUILD_INPUTS[:12])' 2>/dev/null
+} | tee "$summary"
+if [ -z "$gpu" ]; then  # (every CUDA test would skip and pass)
+  echo "no GPU: nothing run" | tee -a "$summary"
+  exit 4
+fi
+if [ "$h200_only" = 1 ] && [[ "$gpu" != *H200* ]]; then
+  echo "not an H200 (--h200-only): nothing run" | tee -a "$summary"
+  exit 3
+fi
+
+overall=0
+run_step() {  # run_step NAME DEFAULT_LIMIT CMD...: CMD under its limit, output appended to NAME.txt
+  local name=$1 limit_var=LIMIT_${1^^} default=$2
+  shift 2
+  local limit=${!limit_var:-$default} t0=$SECONDS rc
+  echo "\$ $* (limit ${limit} s)" >>"$out/$name.txt"
+  timeout "$limit" "$@" >>"$out/$name.txt" 2>&1
+  rc=$?
+  echo "rc $rc" >>"$out/$name.txt"
+  echo "$name: $* -> exit $rc in $((SECONDS - t0)) s" | tee -a "$summary"
+  tail -n 3 "$out/$name.txt" | sed 's/^/    /' | tee -a "$summary"
+  [ "$rc" = 0 ] || overall=1
+}
+
+sanitizer() {  # sanitizer TOOL ARGS...: compute-sanitizer over tools/sanitizer_workload.py
+  local tool=$1
+  shift
+  compute-sanitizer --error-exitcode 1 --tool "$tool" "$py" tools/sanitizer_workload.py "$@"
+}
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests)
+      run_step tests 400 "$py" -m pytest -q -m cuda tests --ignore tests/test_compile_rewrite.py -p no:cacheprovider ;;
+    compile)
+      run_step compile 300 "$py" -m pytest -q -m cuda tests/test_compile_rewrite.py -p no:cacheprovider ;;
+    sanitize)
+      # memcheck: the core's configuration kinds (plain, in-cluster split, grid split, copies along
+      # the concatenation) and tf32x3; racecheck (~100x slower): one of each synchronisation pattern.
+      run_step sanitize 300 sanitizer memcheck sm90_gemm sm90_gemm/n128/span sm90_gemm/n64/c4/span \
+        sm90_gemm/n256/s2/span sm90_gemm/n176 sm90_tf32x3
+      run_step sanitize 300 sanitizer racecheck --quick sm90_gemm/n64/s1 sm90_gemm/n128/c2 \
+        sm90_gemm/n128/span sm90_tf32x3 ;;
+    suites)
+      run_step suites 300 "$py" benchmarks/bench.py --no-compile
+      run_step suites 300 "$py" benchmarks/bench.py --suite backward --no-compile ;;
+    sweeps)
+      run_step sweeps 400 "$py" benchmarks/bench.py --suite sweep --json "$out/sweep.json" --plot "$out/sweep.png"
+      run_step sweeps 400 "$py" benchmarks/bench.py --suite sweep --backward ;;
+  esac
+done
+echo "overall: exit $overall" | tee -a "$summary"
+exit $overall
