@@ -9,7 +9,9 @@
 #        [--kinds fwd,gx] [--config sm90_gemm] [--rounds 2] NAME [NAME ...]
 # `time` runs graph_calls.py once a build a round, NAME in the order given, appending to
 # $OUT/ab.txt (or /tmp/ab-kernels/ab.txt) with a `== NAME` line before each run, then prints
-# ab_compare.py's reading of it.
+# ab_compare.py's reading of it. NAME:CONFIG runs that build with --config CONFIG (a forced family or
+# core configuration), so one call compares configurations as well as builds:
+#   bash tools/ab_kernels.sh time --layers '32,128,4096' --rows 333 new:sm90_gemm/n96 new:sm90_gemm/n112
 set -euo pipefail
 cd "$(dirname "$0")/.."
 store=.dev/abx
@@ -48,9 +50,11 @@ case "$mode" in
     export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
     for ((round = 0; round < rounds; ++round)); do
       for name in "${names[@]}"; do
-        xz -dc "$store/$name.so.xz" >"$so"
+        build=${name%%:*} config=()
+        [ "$build" = "$name" ] || config=(--config "${name#*:}")
+        xz -dc "$store/$build.so.xz" >"$so"
         echo "== $name" >>"$out/ab.txt"
-        "${PYTHON:-python3}" benchmarks/graph_calls.py "${args[@]}" >>"$out/ab.txt" 2>&1
+        "${PYTHON:-python3}" benchmarks/graph_calls.py "${args[@]}" "${config[@]}" >>"$out/ab.txt" 2>&1
       done
     done
     "${PYTHON:-python3}" benchmarks/ab_compare.py "$out/ab.txt" ;;
