@@ -45,8 +45,9 @@ case "$mode" in
     out=${OUT:-/tmp/ab-kernels}
     mkdir -p "$out"
     so=$(ls vga_linear/_C*.so)
-    cp "$so" /tmp/ab-own.so
-    trap 'cp /tmp/ab-own.so "$so"' EXIT
+    own=$(mktemp /tmp/ab-own.XXXXXX)
+    cp "$so" "$own"
+    trap 'cp "$own" "$so"; rm -f "$own"' EXIT
     export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
     for ((round = 0; round < rounds; ++round)); do
       for name in "${names[@]}"; do

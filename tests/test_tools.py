@@ -1,0 +1,65 @@
+"""The shell tools that run the kernels on a GPU machine (tools/*.sh), checked where CI runs: their
+syntax, their argument errors, and ab_kernels.sh's alternation of builds with a stand-in interpreter."""
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "tools").glob("*.sh"))
+
+
+def _bash(*args, cwd=ROOT, env=None):
+    return subprocess.run(["bash", *map(str, args)], cwd=cwd, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shell_tools_parse(script):
+    result = _bash("-n", script)
+    assert result.returncode == 0, result.stderr
+
+
+def test_gpu_checklist_names_its_steps_on_a_bad_one():
+    result = _bash(ROOT / "tools" / "gpu_checklist.sh", "no_such_step")
+    assert result.returncode == 2
+    assert "tests compile sanitize suites sweeps" in result.stderr
+
+
+def test_ab_kernels_needs_a_mode_and_two_builds():
+    script = ROOT / "tools" / "ab_kernels.sh"
+    assert _bash(script, "no_such_mode").returncode == 2
+    result = _bash(script, "time", "--rows", "64", "only_one")
+    assert result.returncode == 2 and "two or more builds" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("xz") is None, reason="needs xz")
+def test_ab_kernels_alternates_builds_and_configs_and_restores_the_checkout(tmp_path):
+    # A checkout with the script, its own "build" and two stored ones; the interpreter is a stand-in
+    # that records which build is in place and the arguments graph_calls.py got.
+    (tmp_path / "tools").mkdir()
+    shutil.copy(ROOT / "tools" / "ab_kernels.sh", tmp_path / "tools")
+    (tmp_path / "vga_linear").mkdir()
+    (tmp_path / "vga_linear" / "_C.abi3.so").write_text("own\n")
+    store = tmp_path / ".dev" / "abx"
+    store.mkdir(parents=True)
+    for name in ("a", "b"):
+        (store / name).write_text(f"build {name}\n")
+        subprocess.run(["xz", "-z", str(store / name)], check=True)
+        (store / f"{name}.xz").rename(store / f"{name}.so.xz")
+    stand_in = tmp_path / "python"
+    stand_in.write_text('#!/bin/bash\nif [[ "$1" == *ab_compare.py ]]; then cat "$2"; exit 0; fi\n'
+                        'echo "ran $(cat vga_linear/_C.abi3.so): ${*:2}"\n')
+    stand_in.chmod(stand_in.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "out"
+    result = _bash(tmp_path / "tools" / "ab_kernels.sh", "time", "--layers", "32,128,4096", "--rows", "64,333",
+                   "--rounds", "2", "a", "b:sm90_gemm/n112", env={"OUT": str(out), "PYTHON": str(stand_in)})
+    assert result.returncode == 0, result.stderr
+    runs = ["== a", "ran build a: --layers 32,128,4096 --rows 64,333",
+            "== b:sm90_gemm/n112", "ran build b: --layers 32,128,4096 --rows 64,333 --config sm90_gemm/n112"]
+    assert (out / "ab.txt").read_text().splitlines() == runs * 2
+    assert (tmp_path / "vga_linear" / "_C.abi3.so").read_text() == "own\n"
