@@ -63,3 +63,13 @@ def test_ab_kernels_alternates_builds_and_configs_and_restores_the_checkout(tmp_
             "== b:sm90_gemm/n112", "ran build b: --layers 32,128,4096 --rows 64,333 --config sm90_gemm/n112"]
     assert (out / "ab.txt").read_text().splitlines() == runs * 2
     assert (tmp_path / "vga_linear" / "_C.abi3.so").read_text() == "own\n"
+
+    # A build whose run hangs costs AB_TIMEOUT, is recorded as such, and the others still run.
+    stand_in.write_text('#!/bin/bash\nif [[ "$1" == *ab_compare.py ]]; then exit 0; fi\n'
+                        'if grep -q "build a" vga_linear/_C.abi3.so; then sleep 30; fi; echo ran\n')
+    (out / "ab.txt").unlink()
+    result = _bash(tmp_path / "tools" / "ab_kernels.sh", "time", "--rows", "64", "--rounds", "1", "a", "b",
+                   env={"OUT": str(out), "PYTHON": str(stand_in), "AB_TIMEOUT": "1"})
+    assert result.returncode == 0, result.stderr
+    assert (out / "ab.txt").read_text().splitlines() == ["== a", "(graph_calls.py exit 124)", "== b", "ran"]
+    assert (tmp_path / "vga_linear" / "_C.abi3.so").read_text() == "own\n"

@@ -12,6 +12,7 @@
 # ab_compare.py's reading of it. NAME:CONFIG runs that build with --config CONFIG (a forced family or
 # core configuration), so one call compares configurations as well as builds:
 #   bash tools/ab_kernels.sh time --layers '32,128,4096' --rows 333 new:sm90_gemm/n96 new:sm90_gemm/n112
+# AB_TIMEOUT=seconds bounds each graph_calls.py run (a build that hangs costs that, not the whole call).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 store=.dev/abx
@@ -55,7 +56,8 @@ case "$mode" in
         [ "$build" = "$name" ] || config=(--config "${name#*:}")
         xz -dc "$store/$build.so.xz" >"$so"
         echo "== $name" >>"$out/ab.txt"
-        "${PYTHON:-python3}" benchmarks/graph_calls.py "${args[@]}" "${config[@]}" >>"$out/ab.txt" 2>&1
+        timeout "${AB_TIMEOUT:-0}" "${PYTHON:-python3}" benchmarks/graph_calls.py "${args[@]}" "${config[@]}" \
+          >>"$out/ab.txt" 2>&1 || echo "(graph_calls.py exit $?)" >>"$out/ab.txt"
       done
     done
     "${PYTHON:-python3}" benchmarks/ab_compare.py "$out/ab.txt" ;;
