@@ -30,6 +30,35 @@ def test_gpu_checklist_names_its_steps_on_a_bad_one():
     assert "tests compile sanitize suites sweeps" in result.stderr
 
 
+def _stand_ins(tmp_path, sanitizer_rc):
+    """A bin folder with an nvidia-smi that names an H200, a compute-sanitizer that records its
+    arguments and exits `sanitizer_rc` for racecheck, and an interpreter that prints its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {"nvidia-smi": 'echo "NVIDIA H200"',
+               "compute-sanitizer": f'echo "sanitizer $*"; [[ "$*" == *racecheck* ]] && exit {sanitizer_rc}; exit 0',
+               "python": 'echo "python $*"'}
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/bash\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python")}
+
+
+@pytest.mark.parametrize("racecheck_rc", [0, 1])
+def test_gpu_checklist_runs_each_step_under_its_limit_and_reports_failures(tmp_path, racecheck_rc):
+    out = tmp_path / "out"
+    env = dict(_stand_ins(tmp_path, racecheck_rc), OUT=str(out), LIMIT_SANITIZE="30")
+    result = _bash(ROOT / "tools" / "gpu_checklist.sh", "sanitize", env=env)
+    assert result.returncode == racecheck_rc, result.stdout + result.stderr
+    log = (out / "sanitize.log").read_text()
+    assert "sanitizer --error-exitcode 1 --tool memcheck" in log and "sanitizer_workload.py sm90_gemm" in log
+    assert "--tool racecheck" in log and "sanitizer_workload.py --quick" in log
+    summary = (out / "summary.txt").read_text()
+    assert "gpu: NVIDIA H200" in summary and f"overall: exit {racecheck_rc}" in summary
+    assert summary.count("sanitize: exit 0") == 2 - racecheck_rc
+
+
 def test_ab_kernels_needs_a_mode_and_two_builds():
     script = ROOT / "tools" / "ab_kernels.sh"
     assert _bash(script, "no_such_mode").returncode == 2

@@ -18,14 +18,17 @@
 #
 # PYTHON names the interpreter (default python3, the GPU machine's, which has torch).
 # Logs go to $OUT (or /tmp/gpu-checklist): summary.txt (the GPU, each step's exit code, time and last
-# lines) and <step>.txt, plus sweep.json and sweep.png: eight files at most.
+# lines) and <step>.log (tools/steps.sh), plus sweep.json and sweep.png: eight files at most.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu-checklist}
 mkdir -p "$out"
 summary=$out/summary.txt
+: >"$summary"
 py=${PYTHON:-python3}
+# shellcheck source=tools/steps.sh
+. tools/steps.sh  # note, step
 
 h200_only=0
 steps=()
@@ -39,43 +42,35 @@ done
 [ ${#steps[@]} -gt 0 ] || steps=(tests compile sanitize suites sweeps)
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-{
-  echo "gpu: ${gpu:-none}; host $(hostname); $(date -u +%FT%TZ)"
-  "$py" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
-  "$py" -c 'import vga_linear; print("kernels loaded:", vga_linear.kernels_loaded(), vga_linear.kernels_not_loaded_reason() or "")'
-  "$py" -c 'import vga_linear._build_info as b; print("build inputs", b.BUILD_INPUTS[:12])' 2>/dev/null
-} | tee "$summary"
+note "gpu: ${gpu:-none}; host $(hostname); $(date -u +%FT%TZ)"
+note "$("$py" -c '
+import sys, torch, vga_linear
+try:
+    from vga_linear._build_info import BUILD_INPUTS
+except ImportError:
+    BUILD_INPUTS = "-"
+print("python", sys.version.split()[0], "torch", torch.__version__, "kernels loaded:", vga_linear.kernels_loaded(),
+      vga_linear.kernels_not_loaded_reason() or "", "build inputs", BUILD_INPUTS[:12])' 2>&1)"
 if [ -z "$gpu" ]; then  # (every CUDA test would skip and pass)
-  echo "no GPU: nothing run" | tee -a "$summary"
+  note "no GPU: nothing run"
   exit 4
 fi
 if [ "$h200_only" = 1 ] && [[ "$gpu" != *H200* ]]; then
-  echo "not an H200 (--h200-only): nothing run" | tee -a "$summary"
+  note "not an H200 (--h200-only): nothing run"
   exit 3
 fi
 
 overall=0
-run_step() {  # run_step NAME DEFAULT_LIMIT CMD...: CMD under its limit, output appended to NAME.txt
+run_step() {  # run_step NAME DEFAULT_LIMIT CMD...: step NAME under its limit (LIMIT_<NAME> overrides it)
   local name=$1 limit_var=LIMIT_${1^^} default=$2
   shift 2
-  local limit=${!limit_var:-$default} t0=$SECONDS rc
-  echo "\$ $* (limit ${limit} s)" >>"$out/$name.txt"
-  timeout "$limit" "$@" >>"$out/$name.txt" 2>&1
-  rc=$?
-  echo "rc $rc" >>"$out/$name.txt"
-  echo "$name: $* -> exit $rc in $((SECONDS - t0)) s" | tee -a "$summary"
-  tail -n 3 "$out/$name.txt" | sed 's/^/    /' | tee -a "$summary"
-  [ "$rc" = 0 ] || overall=1
+  step "$name" timeout "${!limit_var:-$default}" "$@" || overall=1
 }
 
-sanitizer() {  # sanitizer TOOL ARGS...: compute-sanitizer over tools/sanitizer_workload.py
-  local tool=$1
-  shift
-  compute-sanitizer --error-exitcode 1 --tool "$tool" "$py" tools/sanitizer_workload.py "$@"
-}
+sanitizer=(compute-sanitizer --error-exitcode 1 --tool)  # + TOOL "$py" tools/sanitizer_workload.py ...
 
-for step in "${steps[@]}"; do
-  case "$step" in
+for name in "${steps[@]}"; do
+  case "$name" in
     tests)
       run_step tests 400 "$py" -m pytest -q -m cuda tests --ignore tests/test_compile_rewrite.py -p no:cacheprovider ;;
     compile)
@@ -83,10 +78,10 @@ for step in "${steps[@]}"; do
     sanitize)
       # memcheck: the core's configuration kinds (plain, in-cluster split, grid split, copies along
       # the concatenation) and tf32x3; racecheck (~100x slower): one of each synchronisation pattern.
-      run_step sanitize 300 sanitizer memcheck sm90_gemm sm90_gemm/n128/span sm90_gemm/n64/c4/span \
-        sm90_gemm/n256/s2/span sm90_gemm/n176 sm90_tf32x3
-      run_step sanitize 300 sanitizer racecheck --quick sm90_gemm/n64/s1 sm90_gemm/n128/c2 \
-        sm90_gemm/n128/span sm90_tf32x3 ;;
+      run_step sanitize 300 "${sanitizer[@]}" memcheck "$py" tools/sanitizer_workload.py sm90_gemm \
+        sm90_gemm/n128/span sm90_gemm/n64/c4/span sm90_gemm/n256/s2/span sm90_gemm/n176 sm90_tf32x3
+      run_step sanitize 300 "${sanitizer[@]}" racecheck "$py" tools/sanitizer_workload.py --quick \
+        sm90_gemm/n64/s1 sm90_gemm/n128/c2 sm90_gemm/n128/span sm90_tf32x3 ;;
     suites)
       run_step suites 300 "$py" benchmarks/bench.py --no-compile
       run_step suites 300 "$py" benchmarks/bench.py --suite backward --no-compile ;;
@@ -95,5 +90,5 @@ for step in "${steps[@]}"; do
       run_step sweeps 400 "$py" benchmarks/bench.py --suite sweep --backward ;;
   esac
 done
-echo "overall: exit $overall" | tee -a "$summary"
+note "overall: exit $overall"
 exit $overall

@@ -19,16 +19,8 @@ out="${OUT:-/tmp/h200-check}/$mode"
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
-note() { echo "$*" | tee -a "$summary"; }
-step() {  # step NAME CMD...: run, log to $out/NAME.log, record exit code and time
-  local name=$1; shift
-  local t0=$SECONDS
-  "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  note "$name: exit $rc in $((SECONDS - t0)) s; last lines:"
-  tail -n 4 "$out/$name.log" | sed 's/^/    /' | tee -a "$summary"
-  return $rc
-}
+# shellcheck source=tools/steps.sh
+. "$(dirname "$0")/steps.sh"  # note, step
 
 note "host $(hostname), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 note "python3 $(python3 -c 'import sys; print(sys.version.split()[0])'), torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1)"
