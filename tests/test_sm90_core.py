@@ -146,6 +146,36 @@ def test_backward_configs(config, dtype, shape, layout):
     assert_close_scaled(grad_w, ref_w)
 
 
+# A tile's operand boxes wholly past the rows (or columns) are not copied (gemm.cuh, live_parts): those
+# parts of a stage keep whatever an earlier tile left there, and only unstored rows (columns) read them.
+# Both shapes have more tiles than CTAs, so a CTA reaches its last tiles with stages holding earlier
+# tiles' data. The last row tile holds 24 rows (3-D x) or, per outer index of a 4-D x ("padded": the
+# batch dims do not merge), 12: its second 64-row box is empty for the forward and grad_x; grad_weight's
+# M is K, 1040 % 128 = 16 and 560 % 128 = 48. The forward's last column tile has an empty half at every
+# width with K = 1040 (1040 % 64, 128, 192, 256 = 16, 16, 80, 16), at n128 and n256 with 560; grad_x's
+# columns are R * H = 320 and 256, which leave whole 64-wide boxes empty at n128, n192, n256 and at
+# n192. The token widths' last tile has an empty half for 9240 tokens (24, 56, 88, 120 of 96, 112, 176,
+# 240: exactly at the half) and for 4620 an outer index (12, 28, 44, 60).
+EMPTY_BOX_SHAPES = [(5, (9240,), 64, 1040, "contiguous"), (2, (2, 4620), 128, 560, "padded")]
+
+
+@pytest.mark.parametrize("config", ["sm90_gemm/n64", "sm90_gemm/n128/s2", "sm90_gemm/n192", "sm90_gemm/n256/c2",
+                                    "sm90_gemm/n64/c4"] + TOKEN_CONFIGS)
+@pytest.mark.parametrize("shape", EMPTY_BOX_SHAPES, ids=str)
+def test_boxes_past_the_operands_are_not_read_into_stored_outputs(config, shape):
+    R, batch, H, K, layout = shape
+    dtype = torch.bfloat16
+    x = make_x(R, batch, H, dtype, "cuda", layout)
+    w, b = make_params(R, H, K, dtype, "cuda", bias=True)
+    assert_close_to_float64(run_op(x, w, b, config), x, w, b)
+    if config in TOKEN_CONFIGS:
+        return  # (the backward products take no token width)
+    grad_out = torch.randn((*batch, K), dtype=dtype, device="cuda")
+    ref_x, ref_w = reference_grads(grad_out, x, w)
+    assert_close_scaled(_grad_x(grad_out, w, R, config, x), ref_x)
+    assert_close_scaled(_grad_weight(grad_out, x, config), ref_w)
+
+
 # (grad_x's family, grad_weight's): grad_weight overlaps grad_x where both run on the core, after
 # grad_x's last kernel of each kind: the core itself, the grid split's sum (s), the in-cluster sum (c);
 # and the pairs where one product runs elsewhere, which launch one after the other.

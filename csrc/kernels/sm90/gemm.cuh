@@ -101,6 +101,11 @@ struct SpanCopies {
   static constexpr bool kB = kSpanShards && kKind == GemmKind::kGradWeight;
 };
 
+// B's parts a stage: the forward's two K-major halves (W's rows, or the swapped forward's tokens),
+// or kBlockN / 64 MN-major boxes.
+template <GemmKind kKind, int kBlockN>
+constexpr int kBPartsOf = kKind == GemmKind::kForward || kKind == GemmKind::kForwardSwapped ? 2 : kBlockN / 64;
+
 template <GemmKind kKind>
 struct Majorness {
   static constexpr int kTransA = kKind == GemmKind::kGradWeight ? 1 : 0;
@@ -194,6 +199,33 @@ __device__ __forceinline__ int stage_before(int stage, int back) {
   return stage >= back ? stage - back : stage - back + kStages;
 }
 
+// How many of a tile's operand parts (from the first) hold any of the product: A's two 64-row
+// boxes (rows of the tile past m_inner have none), and B's kBParts parts where the output's columns
+// run along them (the forward's and grad_x's B; grad_weight's B columns may cross shards and are
+// all copied). A box wholly past its extent is not copied: TMA would only zero-fill it, and that
+// costs at least what a full box costs (run 125's forced timings, H100: at K = 8192, 64 rows took
+// 26-30% longer than 100 or 128 with 64-wide tiles, 14-17% with 128-wide ones; the swapped
+// forward's 176-token tiles 85-91 µs at 256 rows, whose last tile's second half is empty, against
+// 66-73 at 333). Its part of the stage keeps stale data, which reaches only output rows (or
+// columns) past the extent, which the epilogues never store; the in-cluster and grid splits sum
+// them into rows (columns) equally unstored.
+struct LiveParts {
+  int a;
+  int b;
+};
+
+template <GemmKind kKind, int kBlockN>
+__device__ __forceinline__ LiveParts live_parts(const TileCoord& c, const CoreArgs& args) {
+  constexpr int kBParts = kBPartsOf<kKind, kBlockN>;
+  LiveParts live{args.m_inner - c.inner0 > 64 ? 2 : 1, kBParts};
+  if constexpr (kKind != GemmKind::kGradWeight) {
+    constexpr int kPartWidth = kBlockN / kBParts;
+    const int columns_left = args.n_group_width - c.n0;
+    live.b = columns_left >= kBlockN ? kBParts : std::max(1, (columns_left + kPartWidth - 1) / kPartWidth);
+  }
+  return live;
+}
+
 // The producer's copies for k-block `kb` (at `cur`) of tile `c` into one stage (all complete on
 // `bar`). A is two 64-row (or, MN-major, 64-column) boxes of 8 KB; B is two K-major halves (the
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
@@ -204,9 +236,9 @@ __device__ __forceinline__ int stage_before(int stage, int back) {
 template <GemmKind kKind, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards>
 __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const CUtensorMap* a_map,
                                            const CUtensorMap* b_map, const TailMaps* tails, uint64_t* bar,
-                                           const TileCoord& c, const LoadCursor& cur, int kb, uint32_t cta_rank,
-                                           const CoreArgs& args) {
-  constexpr int kBParts = kKind == GemmKind::kForward || kKind == GemmKind::kForwardSwapped ? 2 : kBlockN / 64;
+                                           const TileCoord& c, const LiveParts& live, const LoadCursor& cur, int kb,
+                                           uint32_t cta_rank, const CoreArgs& args) {
+  constexpr int kBParts = kBPartsOf<kKind, kBlockN>;
   constexpr bool kCopiesA = SpanCopies<kKind, kSpanShards>::kA;
   constexpr bool kCopiesB = SpanCopies<kKind, kSpanShards>::kB;
   constexpr int kBPartBytes = kBlockN * kBlockK * 2 / kBParts;
@@ -273,26 +305,30 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
   if constexpr (kInCluster) {  // the cluster's CTAs share no operand
     if (!kCopiesA) {
       load_a(0, false);
-      load_a(1, false);
+      if (live.a > 1) load_a(1, false);
     }
     if (!kCopiesB) {
 #pragma unroll
-      for (int part = 0; part < kBParts; ++part) load_b(part, false);
+      for (int part = 0; part < kBParts; ++part) {
+        if (part < live.b) load_b(part, false);
+      }
     }
   } else if (share_a) {
-    load_a(rank, true);  // (never with the forward's kSpanShards: schedule.cuh's pair_columns)
+    if (rank < live.a) load_a(rank, true);  // (never with the forward's kSpanShards: schedule.cuh's pair_columns)
     if (c.exists && !kCopiesB) {
 #pragma unroll
-      for (int part = 0; part < kBParts; ++part) load_b(part, false);
+      for (int part = 0; part < kBParts; ++part) {
+        if (part < live.b) load_b(part, false);
+      }
     }
   } else if constexpr (kBParts >= kClusterM && !kCopiesB) {
     if (c.exists && !kCopiesA) {
       load_a(0, false);
-      load_a(1, false);
+      if (live.a > 1) load_a(1, false);
     }
 #pragma unroll
     for (int part = 0; part < kBParts; ++part) {  // parts rank, rank + kClusterM, ... (3 of 192 columns: 2 and 1)
-      if (part % kClusterM == rank) load_b(part, true);
+      if (part % kClusterM == rank && part < live.b) load_b(part, true);
     }
   } else {
     // one MN-major box is not split between the pair, nor is a B copied by cp.async: such tiles
@@ -544,9 +580,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           allow_next_grid();
         }
         // A CTA receives the whole shared operand (its own part and its peer's) and, if its tile
-        // exists, its own copy of the other one (with kSpanShards, only the operand that is TMA's).
-        const uint32_t a_bytes = kCopiesA ? 0 : Tile::kATileBytes;
-        const uint32_t b_bytes = kCopiesB ? 0 : Tile::kBTileBytes;
+        // exists, its own copy of the other one (with kSpanShards, only the operand that is TMA's):
+        // the parts that hold any of the product (both CTAs of a pair count the shared operand's
+        // alike: it is the same rows, or columns, for both).
+        // (With kSpanShards every part is copied: its 128 copying threads have no registers to
+        // spare for the count, which cost those kernels 4-9 more spilled accesses each.)
+        constexpr LiveParts kAllParts{2, kBPartsOf<kKind, kBlockN>};
+        const LiveParts live = kSpanShards ? kAllParts : live_parts<kKind, kBlockN>(c, args);
+        const uint32_t a_bytes = kCopiesA ? 0 : live.a * kMnBlockBytes;
+        const uint32_t b_bytes = kCopiesB ? 0 : live.b * (Tile::kBTileBytes / kBPartsOf<kKind, kBlockN>);
         const uint32_t stage_bytes = kInCluster             ? a_bytes + b_bytes
                                      : args.cluster_along_n ? a_bytes + (c.exists ? b_bytes : 0)
                                                             : (c.exists ? a_bytes : 0) + b_bytes;
@@ -556,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbarrier_arrive_expect_tx(&full[stage], stage_bytes);
             load_stage<kKind, kBlockN, kInCluster, kTailShards, kSpanShards>(a_tiles + stage * Tile::kATileBytes,
                                                    b_tiles + stage * Tile::kBTileBytes, &a_map, &b_map, &tails,
-                                                   &full[stage], c, cur, kb, cta_rank, args);
+                                                   &full[stage], c, live, cur, kb, cta_rank, args);
           }
           if constexpr (kCopiesA) {
             copy_span_kblock<Element>(a_tiles + stage * Tile::kATileBytes, kb, span, threadIdx.x, args);
