@@ -139,7 +139,8 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     pair_rows = math.ceil(m_tiles / 2) * n_tiles
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
     copied = shape.get("span_copy")
-    columns_paired = copied == "B" if copied else (block_n == 64 or pair_columns < pair_rows)
+    columns_paired = copied == "B" if copied else (block_n == 64 or pair_columns < pair_rows
+                                                   or (pair_columns == pair_rows and block_n < 128))
     jobs = (pair_columns if columns_paired else pair_rows) * splits
     cost = max(math.ceil(jobs / resident["pairs"]) * job_us, hbm_us)
     if splits > 1:

@@ -243,11 +243,16 @@ inline int64_t cluster_tiles(int64_t m_tiles, int64_t n_tiles, bool along_n) {
 }
 // 64-wide tiles always pair columns: their B tile is one MN-major box for the backward kinds (not
 // split between two CTAs), and their A tile is the larger operand, so sharing it saves the most.
+// Where both pairings leave as many CTAs idle, the pair shares the larger tile likewise: A (128
+// rows) against the swapped forward's 96- and 112-token B (at 333 rows of K = 4096, n96: 20 KB of
+// L2 reads a CTA a k-block instead of 22).
 // An operand copied along the concatenation (CoreShape::span_copy) is each CTA's own cp.async copy,
 // which a pair cannot share: the pair shares the other one (A copied: pairs of rows; B: of columns).
 inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n, SpanCopy span_copy) {
   if (span_copy != SpanCopy::kNone) return span_copy == SpanCopy::kB;
-  return block_n == 64 || cluster_tiles(m_tiles, n_tiles, true) < cluster_tiles(m_tiles, n_tiles, false);
+  const int64_t along_n = cluster_tiles(m_tiles, n_tiles, true);
+  const int64_t along_m = cluster_tiles(m_tiles, n_tiles, false);
+  return block_n == 64 || along_n < along_m || (along_n == along_m && block_n < kBlockM);
 }
 
 // Time of one plan in microseconds, from what limits it (benchmarks/NOTES.md, "GEMM core", has
