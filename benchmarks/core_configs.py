@@ -33,9 +33,9 @@ LAYERS = [(32, 128, 4096), (40, 128, 5120), (64, 128, 8192), (8, 1024, 8192), (4
 CONFIGS = ["sm90_gemm"] + [f"sm90_gemm/{c}" for c in (
     "n256/s1", "n256/s2", "n256/c2", "n256/c4", "n192/s1", "n192/s2", "n192/c2", "n192/c4", "n128/s1", "n128/s2",
     "n128/s4", "n128/c2", "n128/c4", "n128/c8", "n64/s1", "n64/s2", "n64/s4", "n64/c2", "n64/c4", "n64/c8", "n240/s1",
-    "n176/s1", "n112/s1")]
+    "n176/s1", "n112/s1", "n96/s1")]
 # The forward's token widths: it runs transposed (W's rows as M, the tokens as N; no split).
-TOKEN_WIDTHS = (112, 176, 240)
+TOKEN_WIDTHS = (96, 112, 176, 240)
 # Clusters resident at once by size, as the plan counts them (the extension asks the driver:
 # torch.ops.vga._sm90_resident_clusters; these are its answers on an H200 of 132 SMs, where pairs
 # leave some SMs of odd GPCs unpaired): the paired kernels', the in-cluster splits' by size, the
@@ -139,7 +139,8 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     pair_rows = math.ceil(m_tiles / 2) * n_tiles
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
     copied = shape.get("span_copy")
-    columns_paired = copied == "B" if copied else (block_n == 64 or pair_columns < pair_rows)
+    columns_paired = copied == "B" if copied else (block_n == 64 or pair_columns < pair_rows
+                                                   or (pair_columns == pair_rows and block_n < 128))
     jobs = (pair_columns if columns_paired else pair_rows) * splits
     cost = max(math.ceil(jobs / resident["pairs"]) * job_us, hbm_us)
     if splits > 1:
@@ -207,7 +208,7 @@ def plan_keys(rec, kind):
     """Every configuration choose_plan (schedule.cuh) weighs for this product, as the forced names
     spell them ("fwd_sm90_gemm/n128/s2"), in its order: per width 256, 192, 128, 64 the grid
     splits it enumerates (fewest first, until a slice is shorter than 4 k-blocks), then the cluster
-    splits 2, 4, 8; the forward's token widths 240, 176, 112 unsplit."""
+    splits 2, 4, 8; the forward's token widths unsplit."""
     total = kblocks(core_shape(rec, kind))
     keys = []
     for block_n in (256, 192, 128, 64):

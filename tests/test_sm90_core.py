@@ -23,7 +23,7 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
            "sm90_gemm/n128/c8"]
 # The forward's token widths: the product computed transposed (W's rows as M, the tokens as N), its
 # tile stored transposed; the backward products do not take them.
-TOKEN_CONFIGS = ["sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
+TOKEN_CONFIGS = ["sm90_gemm/n96", "sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
 # x's operand along the concatenation, forced ("span": H % 64 != 0 only): the forward's k-blocks
 # and grad_weight's columns, at each width, split across the grid and in the cluster.
 SPAN_CONFIGS = ["sm90_gemm/span", "sm90_gemm/n64/span", "sm90_gemm/n128/s3/span", "sm90_gemm/n192/span",
@@ -316,7 +316,7 @@ def test_backward_refusals_say_why():
         ("n176 is a token width of the forward; this product takes n64",
          lambda: ops._gather_concat_linear_grad_x_family(gb, wb, 2, "sm90_gemm/n176")),
         ("n112 is a token width of the forward", lambda: ops._gather_concat_linear_grad_weight_family(gb, xb, "sm90_gemm/n112")),
-        ("token widths .n112, n176, n240. take no reduction split",
+        ("token widths .n96, n112, n176, n240. take no reduction split",
          lambda: ops._gather_concat_linear_family(xb, wb, None, "sm90_gemm/n240/s2")),
     ]
     for match, call in cases:

@@ -39,7 +39,7 @@ struct WorkspaceRequest {
 // A tile configuration forced by family name (tests, benchmarks: "sm90_gemm/n128/s4",
 // "sm90_gemm/n256/c4"); 0 = the dispatcher's rule.
 struct ForcedConfig {
-  int block_n = 0;         // n64, n128, n192, n256: the tile width; n112, n176, n240: the swapped forward's
+  int block_n = 0;         // n64, n128, n192, n256: the tile width; n96, n112, n176, n240: the swapped forward's
   int splits = 0;          // s<1..64>: the reduction split across the grid (fp32 workspace + a second launch)
   int cluster_splits = 0;  // c<2|4|8>: the reduction split over the CTAs of a cluster (DSMEM sum)
   // How x's operand is tiled, the forward's k-blocks and grad_weight's columns (grad_x has one

@@ -15,7 +15,7 @@
 // width (64, 128, 192 or 256) and reduction split (none, across the grid, or in a cluster) come
 // from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they fill the GPU, narrower
 // tiles and splits where they would leave SMs idle (100-1024 rows, small K). Or the product runs
-// transposed (kForwardSwapped: W's rows in 128-row tiles, the tokens in tiles of 112, 176 or 240)
+// transposed (kForwardSwapped: W's rows in 128-row tiles, the tokens in tiles of 96, 112, 176 or 240)
 // where the plan model says the tokens' padding to 128-row tiles costs more than 3% (333 rows are
 // 3 x 128 = 384 rows of work, 2 x 176 = 352 swapped): the rule compares the two orientations'
 // cheapest plans. Shapes that pack shard tails keep the first one.
@@ -140,7 +140,7 @@ Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
                   "concatenation) needs H % 64 != 0 and R * H < 2^31 - 1024; H is ", p.shard_width, ", R * H ",
                   p.num_shards * p.shard_width);
   STD_TORCH_CHECK(p.forced.layout != kSpanLayout || !is_token_width(p.forced.block_n),
-                  "vga sm90_gemm: the token widths (n112, n176, n240) run k-blocks a shard, not 'span'");
+                  "vga sm90_gemm: the token widths (n96, n112, n176, n240) run k-blocks a shard, not 'span'");
   if (p.forced.layout == kSpanLayout) {
     return {false, true, core_plan<GemmKind::kForward, Element>(s.span, p.forced, p.device_index)};
   }

@@ -10,7 +10,7 @@
 //
 // kForwardSwapped is the forward computed transposed, y^T = W x^T, for the row counts that
 // 128-row tiles pad badly (100 -> 128, 333 -> 384): W's rows are M in 128-row tiles and the tokens
-// are N in tiles of 112, 176 or 240 (the widths schedule.cuh's is_token_width names), with no
+// are N in tiles of 96, 112, 176 or 240 (the widths schedule.cuh's is_token_width names), with no
 // reduction split and no packed shard tails; its epilogue stores the tile transposed.
 //
 // Tiling: 128 x kBlockN output tiles (kBlockN = 256: highest operand reuse that fits the
@@ -76,8 +76,8 @@ struct TileShape {
       std::min(8, (kSharedBudget - kSwizzleAlignment - 16 * int(sizeof(uint64_t)) - kBiasBytes) / kStageBytes);
   static constexpr int kSharedBytes =
       kSwizzleAlignment + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t)) + kBiasBytes;
-  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256 || kBlockN == 112 ||
-                    kBlockN == 176 || kBlockN == 240,
+  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256 || kBlockN == 96 ||
+                    kBlockN == 112 || kBlockN == 176 || kBlockN == 240,
                 "wgmma N of the core");
   static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
   static_assert(PartialTile<kBlockN>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
@@ -768,7 +768,8 @@ int max_active_clusters_of_every_width(int cluster_size) {
   if constexpr (kKind == GemmKind::kForwardSwapped) {
     return std::min({max_active_clusters<kKind, Element, 240, false>(cluster_size),
                      max_active_clusters<kKind, Element, 176, false>(cluster_size),
-                     max_active_clusters<kKind, Element, 112, false>(cluster_size)});
+                     max_active_clusters<kKind, Element, 112, false>(cluster_size),
+                     max_active_clusters<kKind, Element, 96, false>(cluster_size)});
   } else {
     return std::min({max_active_clusters<kKind, Element, 256, kInCluster>(cluster_size),
                      max_active_clusters<kKind, Element, 192, kInCluster>(cluster_size),
@@ -839,9 +840,9 @@ template <GemmKind kKind, typename Element>
 CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_index) {
   STD_TORCH_CHECK(shape.token_tiles == (kKind == GemmKind::kForwardSwapped), "vga sm90_gemm: core shape and kind disagree");
   STD_TORCH_CHECK(!shape.token_tiles || (forced.splits <= 1 && forced.cluster_splits == 0),
-                  "vga sm90_gemm: the token widths (n112, n176, n240) take no reduction split (s1 only)");
+                  "vga sm90_gemm: the token widths (n96, n112, n176, n240) take no reduction split (s1 only)");
   STD_TORCH_CHECK(forced.block_n == 0 || is_token_width(forced.block_n) == shape.token_tiles, "vga sm90_gemm: tile width n",
-                  forced.block_n, shape.token_tiles ? " is not a token width (n112, n176, n240)"
+                  forced.block_n, shape.token_tiles ? " is not a token width (n96, n112, n176, n240)"
                                                     : " is a token width of the forward; this product takes n64, n128, "
                                                       "n192 or n256");
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
@@ -940,9 +941,11 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
       launch_core_kernel<kKind, Element, 240, false>(a_map, b_map, tails, args, clusters, stream);
     } else if (plan.block_n == 176) {
       launch_core_kernel<kKind, Element, 176, false>(a_map, b_map, tails, args, clusters, stream);
-    } else {
-      STD_TORCH_CHECK(plan.block_n == 112, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
+    } else if (plan.block_n == 112) {
       launch_core_kernel<kKind, Element, 112, false>(a_map, b_map, tails, args, clusters, stream);
+    } else {
+      STD_TORCH_CHECK(plan.block_n == 96, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
+      launch_core_kernel<kKind, Element, 96, false>(a_map, b_map, tails, args, clusters, stream);
     }
   } else if (plan.block_n == 256) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 256, true> : launch_core_kernel<kKind, Element, 256, false>)(

@@ -322,7 +322,7 @@ __device__ __forceinline__ void wgmma_wait_group() {
 #define VGA_ACCS_128 VGA_ACCS_120, VGA_ACC8(120)
 
 // acc[64 x N] (fp32, the wgmma fragment layout) = A[64 x 16] * B[N x 16]^T (+ acc when
-// `accumulate` != 0), N = 64, 128, 192 or 256, or the forward's token widths 112, 176 and 240, or
+// `accumulate` != 0), N = 64, 128, 192 or 256, or the forward's token widths 96, 112, 176 and 240, or
 // sm90_skinny's batch rows 16 and 32 (N / 2 floats a thread), both operands in shared memory:
 // kTransA / kTransB = 0 for a K-major operand, 1 for an MN-major one (16-bit types only).
 // Element is __nv_bfloat16 or __half.
@@ -350,6 +350,7 @@ struct Wgmma;
 VGA_WGMMA_WIDE(16, VGA_REGS_8, "%8, %9", "%10", "%11, %12", VGA_ACCS_8)
 VGA_WGMMA_WIDE(32, VGA_REGS_16, "%16, %17", "%18", "%19, %20", VGA_ACCS_16)
 VGA_WGMMA_WIDE(64, VGA_REGS_32, "%32, %33", "%34", "%35, %36", VGA_ACCS_32)
+VGA_WGMMA_WIDE(96, VGA_REGS_48, "%48, %49", "%50", "%51, %52", VGA_ACCS_48)
 VGA_WGMMA_WIDE(112, VGA_REGS_56, "%56, %57", "%58", "%59, %60", VGA_ACCS_56)
 VGA_WGMMA_WIDE(128, VGA_REGS_64, "%64, %65", "%66", "%67, %68", VGA_ACCS_64)
 VGA_WGMMA_WIDE(176, VGA_REGS_88, "%88, %89", "%90", "%91, %92", VGA_ACCS_88)

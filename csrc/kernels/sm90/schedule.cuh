@@ -213,11 +213,15 @@ struct CoreShape {
 
 // The tile widths of the swapped forward, whose N is the tokens: multiples of 16 (each half of a
 // paired token panel is whole 8-row swizzle atoms) between the 128-row steps of the other
-// orientation's M, so that 100, 333 or 700 rows pad to 112, 352 or 704 instead of 128, 384 or 768.
-inline bool is_token_width(int block_n) { return block_n == 112 || block_n == 176 || block_n == 240; }
+// orientation's M, so that 100, 333 or 700 rows pad to 112, 352 or 704 instead of 128, 384 or 768;
+// and 96, whose four token tiles of up to 384 rows make 128 CTAs, one wave, where W has 32 row tiles
+// (K = 4096: 112 makes 96 CTAs, 176 makes 64), the decomposition cuBLAS runs there (128 x 88 tiles).
+inline bool is_token_width(int block_n) {
+  return block_n == 96 || block_n == 112 || block_n == 176 || block_n == 240;
+}
 
 struct CorePlan {
-  int block_n;  // 64, 128, 192 or 256; the swapped forward's 112, 176 or 240
+  int block_n;  // 64, 128, 192 or 256; the swapped forward's 96, 112, 176 or 240
   int splits;   // 1: direct store; > 1: fp32 partial sums added in a fixed order
   int kblocks_per_split;
   bool in_cluster;  // splits > 1: the cluster's CTAs are the slices (DSMEM sum), else a workspace + launch
@@ -239,11 +243,16 @@ inline int64_t cluster_tiles(int64_t m_tiles, int64_t n_tiles, bool along_n) {
 }
 // 64-wide tiles always pair columns: their B tile is one MN-major box for the backward kinds (not
 // split between two CTAs), and their A tile is the larger operand, so sharing it saves the most.
+// Where both pairings leave as many CTAs idle, the pair shares the larger tile likewise: A (128
+// rows) against the swapped forward's 96- and 112-token B (at 333 rows of K = 4096, n96: 20 KB of
+// L2 reads a CTA a k-block instead of 22).
 // An operand copied along the concatenation (CoreShape::span_copy) is each CTA's own cp.async copy,
 // which a pair cannot share: the pair shares the other one (A copied: pairs of rows; B: of columns).
 inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n, SpanCopy span_copy) {
   if (span_copy != SpanCopy::kNone) return span_copy == SpanCopy::kB;
-  return block_n == 64 || cluster_tiles(m_tiles, n_tiles, true) < cluster_tiles(m_tiles, n_tiles, false);
+  const int64_t along_n = cluster_tiles(m_tiles, n_tiles, true);
+  const int64_t along_m = cluster_tiles(m_tiles, n_tiles, false);
+  return block_n == 64 || along_n < along_m || (along_n == along_m && block_n < kBlockM);
 }
 
 // Time of one plan in microseconds, from what limits it (benchmarks/NOTES.md, "GEMM core", has
@@ -282,7 +291,7 @@ struct PlanConstants {
 constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75, 0.2, 0.4, 0.23, 0.16};
 
 // A k-block's time at a tile width: the fitted widths' constants, linear in between (the token
-// widths: 112 between 64 and 128, 176 between 128 and 192, 240 between 192 and 256).
+// widths: 96 and 112 between 64 and 128, 176 between 128 and 192, 240 between 192 and 256).
 inline double kblock_us_of(int block_n, const PlanConstants& k) {
   const int widths[4] = {64, 128, 192, 256};
   const double us[4] = {k.kblock_us_64, k.kblock_us_128, k.kblock_us_192, k.kblock_us_256};
@@ -346,7 +355,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       best.cost = cost;
     }
   };
-  for (int block_n : {256, 240, 192, 176, 128, 112, 64}) {
+  for (int block_n : {256, 240, 192, 176, 128, 112, 96, 64}) {
     if (is_token_width(block_n) != s.token_tiles) continue;
     if (forced.block_n != 0 && block_n != forced.block_n) continue;
     if (s.token_tiles) {  // no split: the tokens' tiles are few only where the product is small
