@@ -2,10 +2,13 @@
 """Per-call time of the op's products timed back to back in a CUDA graph, against cuBLAS.
 
     python benchmarks/graph_calls.py --layers '16,80,1280;32,96,3072' --rows 100,256,1024,8192 \
-        [--kinds fwd,gx,gw,bwd,gx+gw] [--config sm90_gemm/n128] [--cublas] [--producer] [--dtype bf16] [--json out.json]
+        [--kinds fwd,gx,gw,bwd,gx+gw] [--config sm90_gemm/n128] [--cublas] [--producer] [--dtype bf16] \
+        [--timing flushed] [--json out.json]
 
 Each (layer R,H,K) x rows point builds fresh random inputs and times `--calls` calls captured in
-one graph (no host gaps, no L2 flush; harness.back_to_back_us): the forward, grad_x and
+one graph (no host gaps, no L2 flush; harness.back_to_back_us), or with `--timing flushed` one call a
+graph replay with the L2 flushed by a 256 MiB read before each (bench.py's timer, the median): the
+forward, grad_x and
 grad_weight through the private family ops with `--config` forced (a family, or a GEMM-core
 configuration such as sm90_gemm/n128/c2), and with --cublas the same products on a
 pre-concatenated input (F.linear, grad_y @ W, grad_y^T @ cat(x)). `bwd` is both backward products
@@ -14,7 +17,10 @@ their own ops, one after the other (grad_x in x's layout in both): their ratio i
 gains. This is how benchmarks/NOTES.md
 compares two builds of the kernels: run it once per build, alternating the builds in one device
 call, and read the differences against the spread between the two runs of each build. The
-flushed, eager figures of bench.py (--suite sweep) stay the performance claims. Needs a GPU.
+flushed, eager figures of bench.py (--suite sweep) stay the performance claims. Where a layer's W
+fits in L2 (a 4096-wide layer's 34 MB on a 50 MB L2) the two timings can rank plans differently
+(runs 127-132: a plan change that the flushed forced timings favoured took 1.13-1.26x longer back to
+back), so a change of the plan rule is compared `--timing flushed` as well. Needs a GPU.
 
 --producer puts an elementwise kernel that rewrites the product's input in place (x * 1 for the
 forward, grad_y * 1 for grad_x and grad_weight) before each call, as a model's previous layer
@@ -25,6 +31,7 @@ The time printed is then the pair's.
 
 import argparse
 import json
+import statistics
 import sys
 
 import torch
@@ -80,7 +87,11 @@ def main() -> int:
     parser.add_argument("--dtype", default="bf16", choices=DTYPES)
     parser.add_argument("--producer", action="store_true",
                         help="an elementwise kernel rewrites the input before each call (the time is the pair's)")
-    parser.add_argument("--calls", type=int, default=20, help="calls captured in the graph")
+    parser.add_argument("--calls", type=int, default=20, help="calls captured in the graph (back-to-back timing)")
+    parser.add_argument("--timing", choices=("back-to-back", "flushed"), default="back-to-back",
+                        help="back-to-back: --calls calls in one graph, operands left in L2 (the steadiest A/B); "
+                             "flushed: one call a replay, L2 flushed before each, median")
+    parser.add_argument("--rep-ms", type=float, default=30.0, help="flushed timing: time budget of one median")
     parser.add_argument("--json", help="write the points here")
     args = parser.parse_args()
     unknown = sorted(set(args.kinds) - set(KINDS))
@@ -95,16 +106,20 @@ def main() -> int:
         return 1
     args.config = args.config or DEFAULT_CONFIG[args.dtype]
     label = "cublas" if args.cublas else args.config
+    timer = H.GpuTimer() if args.timing == "flushed" else None
     points = []
     for (R, H_, K) in args.layers:
         for kind in args.kinds:
             times = []
             for rows in args.rows:
                 fn = products(R, H_, K, rows, args.dtype, args.config, args.cublas, args.producer)[kind]
-                us = H.back_to_back_us(fn, calls=args.calls)
+                if timer is None:
+                    us = H.back_to_back_us(fn, calls=args.calls)
+                else:
+                    us = statistics.median(H.graph_times(timer, fn, rep_ms=args.rep_ms))
                 times.append(us)
                 points.append(dict(R=R, H=H_, K=K, rows=rows, kind=kind, dtype=args.dtype, impl=label,
-                                   producer=args.producer, us=us))
+                                   producer=args.producer, timing=args.timing, us=us))
             print(f"{label} {kind} R={R} H={H_} K={K}: " + " ".join(f"{t:8.2f}" for t in times), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -545,3 +545,9 @@ def test_graph_calls_says_it_needs_a_gpu(tmp_path):
     p = subprocess.run([sys.executable, script, "--layers", "2,64,128", "--rows", "100", "--kinds", "fwd,bw"],
                        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "unknown products ['bw']" in p.stderr
+    p = subprocess.run([sys.executable, script, "--layers", "2,64,128", "--rows", "100", "--timing", "flushed"],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "needs a CUDA GPU" in p.stderr, p.stdout + p.stderr
+    p = subprocess.run([sys.executable, script, "--layers", "2,64,128", "--rows", "100", "--timing", "warm"],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--timing" in p.stderr

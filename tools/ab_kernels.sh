@@ -12,6 +12,8 @@
 # ab_compare.py's reading of it. NAME:CONFIG runs that build with --config CONFIG (a forced family or
 # core configuration), so one call compares configurations as well as builds:
 #   bash tools/ab_kernels.sh time --layers '32,128,4096' --rows 333 new:sm90_gemm/n96 new:sm90_gemm/n112
+# graph_calls.py's options pass through (each with its value): `--timing flushed` times each call with the
+# L2 flushed, as bench.py does, which a change of the plan rule needs besides the back-to-back default.
 # AB_TIMEOUT=seconds bounds each graph_calls.py run (a build that hangs costs that, not the whole call).
 set -euo pipefail
 cd "$(dirname "$0")/.."
