@@ -158,7 +158,7 @@ inline ForwardProblem describe_shards(const Tensor& x, int64_t out_features) {
 }
 
 // "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n64, n128,
-// n192, n256; or the forward's token widths n96, n112, n176, n240, which run it swapped), reduction
+// n192, n256: is_core_width; or the forward's token widths, is_token_width, which run it swapped), reduction
 // split, across the grid (s<count>) or in the cluster (c2, c4, c8), and the layout of x's operand,
 // the forward's k-blocks and grad_weight's columns (shards, span), so tests and benchmarks reach
 // every configuration.
@@ -172,9 +172,7 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
     int value = 0;
     const bool numeric = option.size() > 1 && option.find_first_not_of("0123456789", 1) == std::string::npos;
     if (numeric) value = std::stoi(option.substr(1));
-    if (numeric && option[0] == 'n' &&
-        (value == 64 || value == 128 || value == 192 || value == 256 || value == 96 || value == 112 || value == 176 ||
-         value == 240)) {
+    if (numeric && option[0] == 'n' && (is_core_width(value) || is_token_width(value))) {
       forced.block_n = value;
     } else if (numeric && option[0] == 's' && value >= 1 && value <= 64) {
       forced.splits = value;
@@ -184,7 +182,7 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
       forced.layout = option == "span" ? kSpanLayout : kShardLayout;
     } else {
       STD_TORCH_CHECK(false, op, ": bad configuration '", option, "' in '", spec,
-                      "'; expected n64, n128, n192, n256, n96, n112, n176, n240, s<1..64>, c2, c4, c8, shards or span");
+                      "'; expected ", kCoreWidthNames, ", ", kTokenWidthNames, ", s<1..64>, c2, c4, c8, shards or span");
     }
     start = end + 1;
   }

@@ -36,10 +36,22 @@ struct WorkspaceRequest {
   void* get(int64_t bytes) const { return allocate(context, bytes); }
 };
 
+// The GEMM core's tile widths (its kBlockN): the paired and split kernels' widths, and the swapped
+// forward's token widths (sm90/schedule.cuh says what each is for). The one list the config parser,
+// the plan and the kernels' instantiations check against, and the names their messages give.
+constexpr bool is_core_width(int block_n) {
+  return block_n == 64 || block_n == 128 || block_n == 192 || block_n == 256;
+}
+constexpr bool is_token_width(int block_n) {
+  return block_n == 96 || block_n == 112 || block_n == 176 || block_n == 240;
+}
+constexpr const char* kCoreWidthNames = "n64, n128, n192, n256";
+constexpr const char* kTokenWidthNames = "n96, n112, n176, n240";
+
 // A tile configuration forced by family name (tests, benchmarks: "sm90_gemm/n128/s4",
 // "sm90_gemm/n256/c4"); 0 = the dispatcher's rule.
 struct ForcedConfig {
-  int block_n = 0;         // n64, n128, n192, n256: the tile width; n96, n112, n176, n240: the swapped forward's
+  int block_n = 0;         // is_core_width: the tile width; is_token_width: the swapped forward's
   int splits = 0;          // s<1..64>: the reduction split across the grid (fp32 workspace + a second launch)
   int cluster_splits = 0;  // c<2|4|8>: the reduction split over the CTAs of a cluster (DSMEM sum)
   // How x's operand is tiled, the forward's k-blocks and grad_weight's columns (grad_x has one

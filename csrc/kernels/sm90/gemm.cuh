@@ -10,7 +10,7 @@
 //
 // kForwardSwapped is the forward computed transposed, y^T = W x^T, for the row counts that
 // 128-row tiles pad badly (100 -> 128, 333 -> 384): W's rows are M in 128-row tiles and the tokens
-// are N in tiles of 96, 112, 176 or 240 (the widths schedule.cuh's is_token_width names), with no
+// are N in tiles of 96, 112, 176 or 240 (the widths problem.cuh's is_token_width names), with no
 // reduction split and no packed shard tails; its epilogue stores the tile transposed.
 //
 // Tiling: 128 x kBlockN output tiles (kBlockN = 256: highest operand reuse that fits the
@@ -76,9 +76,7 @@ struct TileShape {
       std::min(8, (kSharedBudget - kSwizzleAlignment - 16 * int(sizeof(uint64_t)) - kBiasBytes) / kStageBytes);
   static constexpr int kSharedBytes =
       kSwizzleAlignment + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t)) + kBiasBytes;
-  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256 || kBlockN == 96 ||
-                    kBlockN == 112 || kBlockN == 176 || kBlockN == 240,
-                "wgmma N of the core");
+  static_assert(is_core_width(kBlockN) || is_token_width(kBlockN), "wgmma N of the core");
   static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
   static_assert(PartialTile<kBlockN>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
 };
@@ -840,11 +838,11 @@ template <GemmKind kKind, typename Element>
 CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_index) {
   STD_TORCH_CHECK(shape.token_tiles == (kKind == GemmKind::kForwardSwapped), "vga sm90_gemm: core shape and kind disagree");
   STD_TORCH_CHECK(!shape.token_tiles || (forced.splits <= 1 && forced.cluster_splits == 0),
-                  "vga sm90_gemm: the token widths (n96, n112, n176, n240) take no reduction split (s1 only)");
-  STD_TORCH_CHECK(forced.block_n == 0 || is_token_width(forced.block_n) == shape.token_tiles, "vga sm90_gemm: tile width n",
-                  forced.block_n, shape.token_tiles ? " is not a token width (n96, n112, n176, n240)"
-                                                    : " is a token width of the forward; this product takes n64, n128, "
-                                                      "n192 or n256");
+                  "vga sm90_gemm: the token widths (", kTokenWidthNames, ") take no reduction split (s1 only)");
+  STD_TORCH_CHECK(forced.block_n == 0 || !shape.token_tiles || is_token_width(forced.block_n), "vga sm90_gemm: tile width n",
+                  forced.block_n, " is not a token width (", kTokenWidthNames, ")");
+  STD_TORCH_CHECK(forced.block_n == 0 || shape.token_tiles || !is_token_width(forced.block_n), "vga sm90_gemm: tile width n",
+                  forced.block_n, " is a token width of the forward; this product takes ", kCoreWidthNames);
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
 

@@ -216,9 +216,7 @@ struct CoreShape {
 // orientation's M, so that 100, 333 or 700 rows pad to 112, 352 or 704 instead of 128, 384 or 768;
 // and 96, whose four token tiles of up to 384 rows make 128 CTAs, one wave, where W has 32 row tiles
 // (K = 4096: 112 makes 96 CTAs, 176 makes 64), the decomposition cuBLAS runs there (128 x 88 tiles).
-inline bool is_token_width(int block_n) {
-  return block_n == 96 || block_n == 112 || block_n == 176 || block_n == 240;
-}
+// (is_token_width, problem.cuh, lists them.)
 
 struct CorePlan {
   int block_n;  // 64, 128, 192 or 256; the swapped forward's 96, 112, 176 or 240
