@@ -440,10 +440,12 @@ def test_bench_rejects_bad_shape(tmp_path):
     assert p.returncode == 2 and "bad --shape" in p.stderr
 
 
-def test_floors_says_it_needs_a_gpu(tmp_path):
+@pytest.mark.parametrize("script, args", [("floors.py", []),
+                                           ("call_anatomy.py", ["--layers", "2,64,128", "--rows", "100"])])
+def test_gpu_only_scripts_say_they_need_a_gpu(tmp_path, script, args):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "floors.py")], cwd=str(tmp_path),
+    p = subprocess.run([sys.executable, os.path.join(BENCH_DIR, script), *args], cwd=str(tmp_path),
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "needs a CUDA GPU" in p.stderr
