@@ -9,7 +9,8 @@ the op's against cuBLAS on the concatenated input.
 Each call is timed as bench.py times a row (CUDA events, the 256 MiB L2 flush before each call,
 median), then profiled (torch.profiler, 40 flushed calls): the first kernel after each flush, its
 start after the flush kernel's end, its duration, its end after the flush's end, and the event time
-less that end. Under a programmatic launch (csrc/kernels/launch.cuh) the op's kernel starts before
+less that end (where a call launches a second kernel, a grid split's sum, that one falls in the
+last figure). Under a programmatic launch (csrc/kernels/launch.cuh) the op's kernel starts before
 the flush ends and waits for it inside (its duration then includes that wait) and the end event
 lands later after it (run 135: 2.3-3.6 µs against cuBLAS's 1.1-1.9): compare kernel durations with
 VGA_LINEAR_PDL=0, where both launch the same way. bf16; needs a GPU.
@@ -26,6 +27,8 @@ from torch.profiler import ProfilerActivity, profile
 import harness as H
 import metrics as M
 import vga_linear  # noqa: F401  (registers torch.ops.vga)
+
+FLUSH_KERNEL = "at::native::reduce_kernel"  # the timer's L2 flush (torch.sum); not cuBLAS's or a split's sum
 
 
 def anatomy(timer, fn, calls=40):
@@ -45,8 +48,8 @@ def anatomy(timer, fn, calls=40):
     starts, durations, ends, names = [], [], [], set()
     flush_end = None
     for e in kernels:
-        if "reduce" in e.name or "Memset" in e.name:  # the flush (torch.sum into a scalar)
-            if "reduce" in e.name:
+        if FLUSH_KERNEL in e.name or "Memset" in e.name:  # the flush (torch.sum into a scalar)
+            if FLUSH_KERNEL in e.name:
                 flush_end = e.time_range.end
             continue
         if flush_end is not None:  # the call's first kernel
@@ -55,6 +58,8 @@ def anatomy(timer, fn, calls=40):
             durations.append(e.time_range.end - e.time_range.start)
             names.add(e.name[:60])
             flush_end = None
+    if not starts:
+        raise RuntimeError(f"no kernel after a flush kernel ({FLUSH_KERNEL}) in the profile")
     return (event, statistics.median(starts), statistics.median(durations), statistics.median(ends),
             ", ".join(sorted(names)))
 
