@@ -64,14 +64,10 @@ def anatomy(timer, fn, calls=40):
             ", ".join(sorted(names)))
 
 
-def parse_layers(text):
-    return [tuple(int(v) for v in layer.split(",")) for layer in text.split(";")]
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", required=True, type=parse_layers, help="'R,H,K;R,H,K'")
-    p.add_argument("--rows", required=True, type=lambda s: [int(v) for v in s.split(",")])
+    p.add_argument("--layers", required=True, type=M.parse_layers, help="R,H,K;R,H,K;...")
+    p.add_argument("--rows", required=True, type=M.parse_counts)
     p.add_argument("--configs", default="", type=lambda s: [c for c in s.split(",") if c],
                    help="forced families / core configurations timed besides the op's own choice")
     args = p.parse_args()

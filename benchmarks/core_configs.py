@@ -25,6 +25,8 @@ import statistics
 import sys
 import time
 
+import metrics as M
+
 LAYERS = [(32, 128, 4096), (40, 128, 5120), (64, 128, 8192), (8, 1024, 8192), (4, 2048, 8192), (8, 512, 4096),
           (12, 64, 768), (16, 80, 1280), (3, 256, 1000), (2, 1536, 768), (32, 96, 3072)]
 # s<count>: a split across the grid (workspace + a second launch); c<count>: in the cluster (DSMEM sum).
@@ -364,9 +366,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write one JSON line a point here")
     parser.add_argument("--fit", metavar="JSONL", help="fit the plan model to a measured file instead")
-    parser.add_argument("--rows", type=lambda s: [int(v) for v in s.split(",")], default=[100, 333, 1024, 4096])
-    parser.add_argument("--layers", type=lambda s: [tuple(int(v) for v in l.split(",")) for l in s.split(";")],
-                        default=LAYERS, help="R,H,K;R,H,K;... (default: the 11 sweep layers)")
+    parser.add_argument("--rows", type=M.parse_counts, default=[100, 333, 1024, 4096])
+    parser.add_argument("--layers", type=M.parse_layers, default=LAYERS,
+                        help="R,H,K;R,H,K;... (default: the 11 sweep layers)")
     parser.add_argument("--configs", type=lambda s: s.split(";"), default=CONFIGS)
     parser.add_argument("--kinds", type=lambda s: tuple(s.split(",")), default=("fwd", "gx", "gw"),
                         help="--fit: the products to fit (fwd, gx, gw)")

@@ -76,10 +76,8 @@ def products(R, H_, K, rows, dtype, config, cublas, producer=False):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", required=True,
-                        type=lambda s: [tuple(int(v) for v in layer.split(",")) for layer in s.split(";")],
-                        help="R,H,K;R,H,K;...")
-    parser.add_argument("--rows", required=True, type=lambda s: [int(v) for v in s.split(",")])
+    parser.add_argument("--layers", required=True, type=M.parse_layers, help="R,H,K;R,H,K;...")
+    parser.add_argument("--rows", required=True, type=M.parse_counts)
     parser.add_argument("--kinds", default=("fwd",), type=lambda s: tuple(s.split(",")),
                         help="products to time: fwd, gx, gw, bwd, gx+gw (default fwd)")
     parser.add_argument("--config", help="forced family / core configuration (default: sm90_gemm, for fp32 sm90_tf32x3)")

@@ -1,7 +1,7 @@
 """The benchmarks' shared instrument: the problem and its baselines, timers, ceilings, reporting.
 
-bench.py, sweep.py, families.py, floors.py, bench_distributed.py, train_step.py and graph_calls.py
-import it;
+bench.py, sweep.py, families.py, floors.py, bench_distributed.py, train_step.py, graph_calls.py
+and call_anatomy.py import it;
 metrics.py holds the definitions of the numbers (flops, bytes, roofline, precision, formats).
 Nothing here touches the GPU at import time.
 

@@ -155,6 +155,22 @@ def parse_shape(spec: str, name: str | None = None) -> Shape:
     return sh
 
 
+def parse_layers(text: str) -> list[tuple[int, int, int]]:
+    """'R,H,K;R,H,K;...' (the tools' --layers) -> [(R, H, K), ...]."""
+    layers = []
+    for layer in text.split(";"):
+        values = tuple(int(v) for v in layer.split(","))
+        if len(values) != 3:
+            raise ValueError(f"bad layer {layer!r}; expected R,H,K")
+        layers.append(values)
+    return layers
+
+
+def parse_counts(text: str) -> list[int]:
+    """'100,256,333' (the tools' --rows) -> [100, 256, 333]."""
+    return [int(v) for v in text.split(",")]
+
+
 # --------------------------------------------------------------------------- flops / bytes
 
 def gemm_flops(R: int, B: int, H: int, K: int, backward: bool = False) -> int:

@@ -67,6 +67,15 @@ def test_parse_shape():
             M.parse_shape(bad)
 
 
+def test_parse_layers_and_counts():
+    # the tools' --layers and --rows (graph_calls.py, core_configs.py, call_anatomy.py)
+    assert M.parse_layers("32,128,4096;2,64,128") == [(32, 128, 4096), (2, 64, 128)]
+    assert M.parse_counts("100,256,333") == [100, 256, 333]
+    for bad in ["32,128", "32,128,4096,1", "32,128,4096;", "a,b,c"]:
+        with pytest.raises(ValueError):
+            M.parse_layers(bad)
+
+
 def test_dtype_tables():
     assert M.elem_size("fp32") == 4 and M.elem_size("bf16") == 2 and M.elem_size("half") == 2
     assert M.tolerance_for("fp32") == 1e-4
