@@ -182,7 +182,7 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
       forced.layout = option == "span" ? kSpanLayout : kShardLayout;
     } else {
       STD_TORCH_CHECK(false, op, ": bad configuration '", option, "' in '", spec,
-                      "'; expected ", kCoreWidthNames, ", ", kTokenWidthNames, ", s<1..64>, c2, c4, c8, shards or span");
+                      "'; expected ", width_names(kCoreWidths), ", ", width_names(kTokenWidths), ", s<1..64>, c2, c4, c8, shards or span");
     }
     start = end + 1;
   }

@@ -4,7 +4,9 @@
 // families never see torch types, so each one can be read (and tested) on its own.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace vga {
 
@@ -37,16 +39,29 @@ struct WorkspaceRequest {
 };
 
 // The GEMM core's tile widths (its kBlockN): the paired and split kernels' widths, and the swapped
-// forward's token widths (sm90/schedule.cuh says what each is for). The one list the config parser,
-// the plan and the kernels' instantiations check against, and the names their messages give.
-constexpr bool is_core_width(int block_n) {
-  return block_n == 64 || block_n == 128 || block_n == 192 || block_n == 256;
+// forward's token widths (sm90/schedule.cuh says what each is for), widest first, the order the
+// plan weighs them in. The one list the config parser, the plan, the kernels' static_assert and
+// their messages take the widths from (each width also needs its kernel instantiations).
+constexpr int kCoreWidths[] = {256, 192, 128, 64};
+constexpr int kTokenWidths[] = {240, 176, 112, 96};
+
+template <size_t kCount>
+constexpr bool lists_width(const int (&widths)[kCount], int block_n) {
+  for (int width : widths) {
+    if (width == block_n) return true;
+  }
+  return false;
 }
-constexpr bool is_token_width(int block_n) {
-  return block_n == 96 || block_n == 112 || block_n == 176 || block_n == 240;
+constexpr bool is_core_width(int block_n) { return lists_width(kCoreWidths, block_n); }
+constexpr bool is_token_width(int block_n) { return lists_width(kTokenWidths, block_n); }
+
+// A list's names for messages, narrowest first: "n64, n128, n192, n256".
+template <size_t kCount>
+inline std::string width_names(const int (&widths)[kCount]) {
+  std::string names;
+  for (size_t i = kCount; i-- > 0;) names += (names.empty() ? "n" : ", n") + std::to_string(widths[i]);
+  return names;
 }
-constexpr const char* kCoreWidthNames = "n64, n128, n192, n256";
-constexpr const char* kTokenWidthNames = "n96, n112, n176, n240";
 
 // A tile configuration forced by family name (tests, benchmarks: "sm90_gemm/n128/s4",
 // "sm90_gemm/n256/c4"); 0 = the dispatcher's rule.

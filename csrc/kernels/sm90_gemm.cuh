@@ -140,7 +140,7 @@ Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
                   "concatenation) needs H % 64 != 0 and R * H < 2^31 - 1024; H is ", p.shard_width, ", R * H ",
                   p.num_shards * p.shard_width);
   STD_TORCH_CHECK(p.forced.layout != kSpanLayout || !is_token_width(p.forced.block_n),
-                  "vga sm90_gemm: the token widths (", kTokenWidthNames, ") run k-blocks a shard, not 'span'");
+                  "vga sm90_gemm: the token widths (", width_names(kTokenWidths), ") run k-blocks a shard, not 'span'");
   if (p.forced.layout == kSpanLayout) {
     return {false, true, core_plan<GemmKind::kForward, Element>(s.span, p.forced, p.device_index)};
   }

@@ -100,9 +100,11 @@ struct SpanCopies {
 };
 
 // B's parts a stage: the forward's two K-major halves (W's rows, or the swapped forward's tokens),
-// or kBlockN / 64 MN-major boxes.
+// or kBlockN / 64 MN-major boxes; and each part's bytes.
 template <GemmKind kKind, int kBlockN>
 constexpr int kBPartsOf = kKind == GemmKind::kForward || kKind == GemmKind::kForwardSwapped ? 2 : kBlockN / 64;
+template <GemmKind kKind, int kBlockN>
+constexpr int kBPartBytesOf = TileShape<kBlockN>::kBTileBytes / kBPartsOf<kKind, kBlockN>;
 
 template <GemmKind kKind>
 struct Majorness {
@@ -239,7 +241,7 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
   constexpr int kBParts = kBPartsOf<kKind, kBlockN>;
   constexpr bool kCopiesA = SpanCopies<kKind, kSpanShards>::kA;
   constexpr bool kCopiesB = SpanCopies<kKind, kSpanShards>::kB;
-  constexpr int kBPartBytes = kBlockN * kBlockK * 2 / kBParts;
+  constexpr int kBPartBytes = kBPartBytesOf<kKind, kBlockN>;
   const bool share_a = args.cluster_along_n != 0;
   const int rank = static_cast<int>(cta_rank);
   // The reduction coordinate: (shard, h0) of x and W, k0 of grad_out and W, (outer, row0) of grad_out and x.
@@ -586,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         constexpr LiveParts kAllParts{2, kBPartsOf<kKind, kBlockN>};
         const LiveParts live = kSpanShards ? kAllParts : live_parts<kKind, kBlockN>(c, args);
         const uint32_t a_bytes = kCopiesA ? 0 : live.a * kMnBlockBytes;
-        const uint32_t b_bytes = kCopiesB ? 0 : live.b * (Tile::kBTileBytes / kBPartsOf<kKind, kBlockN>);
+        const uint32_t b_bytes = kCopiesB ? 0 : live.b * kBPartBytesOf<kKind, kBlockN>;
         const uint32_t stage_bytes = kInCluster             ? a_bytes + b_bytes
                                      : args.cluster_along_n ? a_bytes + (c.exists ? b_bytes : 0)
                                                             : (c.exists ? a_bytes : 0) + b_bytes;
@@ -838,11 +840,11 @@ template <GemmKind kKind, typename Element>
 CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_index) {
   STD_TORCH_CHECK(shape.token_tiles == (kKind == GemmKind::kForwardSwapped), "vga sm90_gemm: core shape and kind disagree");
   STD_TORCH_CHECK(!shape.token_tiles || (forced.splits <= 1 && forced.cluster_splits == 0),
-                  "vga sm90_gemm: the token widths (", kTokenWidthNames, ") take no reduction split (s1 only)");
+                  "vga sm90_gemm: the token widths (", width_names(kTokenWidths), ") take no reduction split (s1 only)");
   STD_TORCH_CHECK(forced.block_n == 0 || !shape.token_tiles || is_token_width(forced.block_n), "vga sm90_gemm: tile width n",
-                  forced.block_n, " is not a token width (", kTokenWidthNames, ")");
+                  forced.block_n, " is not a token width (", width_names(kTokenWidths), ")");
   STD_TORCH_CHECK(forced.block_n == 0 || shape.token_tiles || !is_token_width(forced.block_n), "vga sm90_gemm: tile width n",
-                  forced.block_n, " is a token width of the forward; this product takes ", kCoreWidthNames);
+                  forced.block_n, " is a token width of the forward; this product takes ", width_names(kCoreWidths));
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
 

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 
 #include "../problem.cuh"
 
@@ -216,7 +217,7 @@ struct CoreShape {
 // orientation's M, so that 100, 333 or 700 rows pad to 112, 352 or 704 instead of 128, 384 or 768;
 // and 96, whose four token tiles of up to 384 rows make 128 CTAs, one wave, where W has 32 row tiles
 // (K = 4096: 112 makes 96 CTAs, 176 makes 64), the decomposition cuBLAS runs there (128 x 88 tiles).
-// (is_token_width, problem.cuh, lists them.)
+// (kTokenWidths, problem.cuh, lists them.)
 
 struct CorePlan {
   int block_n;  // 64, 128, 192 or 256; the swapped forward's 96, 112, 176 or 240
@@ -343,7 +344,10 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // A forced split count is the count its slice length gives (12 k-blocks in 5 slices: 4 of 3).
   const int forced_splits =
       forced.splits > 0 ? static_cast<int>(ceil_div(kblocks, ceil_div(kblocks, forced.splits))) : 0;
-  CorePlan best{forced.block_n != 0 ? forced.block_n : s.token_tiles ? 240 : 256, 1, static_cast<int>(kblocks), false};
+  // The widths of this orientation, widest first (problem.cuh).
+  const int* const widths = s.token_tiles ? kTokenWidths : kCoreWidths;
+  const size_t width_count = s.token_tiles ? std::size(kTokenWidths) : std::size(kCoreWidths);
+  CorePlan best{forced.block_n != 0 ? forced.block_n : widths[0], 1, static_cast<int>(kblocks), false};
   double best_cost = 1e300;
   auto consider = [&](const CorePlan& plan) {
     const double cost = plan_cost(s, plan, resident);
@@ -353,8 +357,8 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       best.cost = cost;
     }
   };
-  for (int block_n : {256, 240, 192, 176, 128, 112, 96, 64}) {
-    if (is_token_width(block_n) != s.token_tiles) continue;
+  for (size_t w = 0; w < width_count; ++w) {
+    const int block_n = widths[w];
     if (forced.block_n != 0 && block_n != forced.block_n) continue;
     if (s.token_tiles) {  // no split: the tokens' tiles are few only where the product is small
       consider({block_n, 1, static_cast<int>(kblocks), false});
