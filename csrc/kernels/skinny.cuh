@@ -334,7 +334,7 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
       }
     }
   }
-  if (slices > 1) sm90::cluster_sync();  // peers may still be reading our partial tile
+  if (slices > 1) sm90::cluster_sync_relaxed();  // peers may still be reading our partial tile
 }
 
 template <int kRowsPerCta, int kBPad, int kStageBytes>

@@ -551,8 +551,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // call went to the walk after the cluster barrier). All of this overlaps the previous kernel's
   // end under a programmatic launch (launch.cuh): global memory is touched only after
   // wait_for_previous_grid, or, where the previous grid writes nothing this one reads or writes
-  // (args.overlaps_previous_grid), before it, with the wait at the exit.
-  cluster_arrive();
+  // (args.overlaps_previous_grid), before it, with the wait at the exit. (A relaxed arrival:
+  // fence_barrier_init published the initialisation, and nothing else is published here.)
+  cluster_arrive_relaxed();
 
   if (warpgroup == 0) {
     warpgroup_release_registers<kProducerRegisters>();
@@ -626,7 +627,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       cluster_wait();
     }
-    if constexpr (kInCluster) cluster_sync();  // the consumers' barrier before the sum of the partial tiles
+    // the consumers' barrier before the sum of the partial tiles (the producers publish nothing)
+    if constexpr (kInCluster) cluster_sync_relaxed();
   } else {
     cluster_wait();
     if (!args.overlaps_previous_grid) wait_for_previous_grid();  // (before the bias loads and the stores)
@@ -737,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // With the split in the cluster, no CTA leaves while a peer may still read its partial tile;
   // paired CTAs are held by their producer's wait on the last stages instead.
-  if constexpr (kInCluster) cluster_sync();
+  if constexpr (kInCluster) cluster_sync_relaxed();
   // A grid that overlapped the previous one completes only after it, so that the kernels after
   // this one, which wait for this grid alone, see that one's outputs too.
   if (args.overlaps_previous_grid) wait_for_previous_grid();

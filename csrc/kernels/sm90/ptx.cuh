@@ -45,12 +45,23 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
-// cluster_sync in two halves, so that a thread can work between them: what it wrote before
-// arriving is visible to every thread of the cluster that has waited (each thread arrives once and
-// waits once before it arrives again).
-__device__ __forceinline__ void cluster_arrive() {
+// The same barrier for arrivals that publish nothing to the cluster: ptxas lowers a release
+// arrival to MEMBAR.ALL.GPU, which waits until every store the thread has in flight is acknowledged.
+// Without it a thread's shared-memory writes are not ordered before the others' reads, so use it
+//  * after fence_barrier_init, which publishes the barriers' initialisation itself (CUTLASS's
+//    cluster_arrive_relaxed);
+//  * where a CTA waits for its peers to finish reading its shared memory before it exits: their
+//    reads are done when they arrive, since each value read is used by a store issued before it.
+__device__ __forceinline__ void cluster_sync_relaxed() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+// cluster_sync_relaxed in two halves, so that a thread can work between them (each thread arrives
+// once and waits once before it arrives again).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void cluster_wait() {
