@@ -532,7 +532,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cluster_id = blockIdx.x / cluster_size;
   const int num_clusters = gridDim.x / cluster_size;
   constexpr uint32_t releasing_ctas = kInCluster ? 1 : kClusterM;  // CTAs whose consumers free a stage
-  if (threadIdx.x == 0) {
+  // A lane of warp 1 initialises the barriers, so that the producer warp's path to its first copy
+  // (warp 0: the register release, the first tile's walk, the cluster wait) does not include it.
+  if (threadIdx.x == 32) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full[s], kSpanShards ? 1 + kSpanCopyThreads : 1);
       mbarrier_init(&empty[s], releasing_ctas * kConsumerWarpgroups * 4);  // every such consumer warp
