@@ -17,7 +17,11 @@ It prints every point (with the kernel family auto-dispatch picks), then per dty
 distribution of vga/gemm_only and vga/permute time ratios (median, p90, max, the count above
 1.1x) and issue 19's targets on the half types; --json writes the points and the summary,
 --plot draws the ratio against rows, one line per layer. With --backward each row is forward +
-backward of x (or A), W and b. The sweep is a sample: rules fitted to it must hold elsewhere.
+backward of x (or A), W and b, and each point also gets the GPU's busy time of each row per call
+(harness.profile_call: calls back to back, no flush) and its ratios ("gpu vga/gemm_only", "gpu
+vga/permute"): the small layers' eager fwd+bwd is host-bound, so their event times measure the
+host, and those ratios say what the kernels do. The sweep is a sample: rules fitted to it must hold
+elsewhere.
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ BACKWARD_PLAN = [
 CPU_PLAN = [("fp32", ("vit_b_heads", "branch3_1000"), (1, 16, 64))]   # the CPU figures mean little
 ROWS = ("vga", "gemm_only", "permute")
 RATIOS = ("vga/gemm_only", "vga/permute")
+GPU_RATIOS = ("gpu vga/gemm_only", "gpu vga/permute")  # --backward on a GPU: busy-time ratios
 # issue 19, on the half types: vga/gemm_only median, p90, max; vga/permute at every point
 TARGETS = {"vga/gemm_only": {"median": 0.98, "p90": 1.05, "max": 1.15}, "vga/permute": {"max": 1.05}}
 SLOW = 1.1
@@ -147,6 +152,17 @@ def measure_point(dtype: str, layer: str, rows: int, op, timer, device: str, arg
         d[f"{name}_us"] = med[name]
     d["vga/gemm_only"] = med["vga"] / med["gemm_only"]
     d["vga/permute"] = med["vga"] / med["permute"]
+    if backward and device == "cuda" and not args.no_profile:
+        try:
+            busy = {name: (H.profile_call(*fns[name]) or {}).get("busy_us") for name in ROWS}
+        except Exception as e:  # noqa: BLE001  (the profiler unavailable: the point keeps its times)
+            busy = dict.fromkeys(ROWS)
+            d["profile_error"] = H.short_err(e)
+        for name in ROWS:
+            d[f"{name}_gpu_us"] = busy[name]
+        if all(busy.values()):
+            d["gpu vga/gemm_only"] = busy["vga"] / busy["gemm_only"]
+            d["gpu vga/permute"] = busy["vga"] / busy["permute"]
     return d
 
 
@@ -162,7 +178,7 @@ def _quantile(v: list, q: float) -> float:
 def distribution(points: list) -> dict:
     """Per ratio: n, median, p90, max, the count above 1.1x and the worst point."""
     out = {}
-    for key in RATIOS:
+    for key in RATIOS + GPU_RATIOS:
         v = [p[key] for p in points if p.get(key) is not None]
         if not v:
             continue
@@ -192,9 +208,11 @@ def summarize(points: list) -> dict:
 def point_line(p: dict) -> str:
     ok = "pass" if p["passed"] else "FAIL"
     slow = " <" if max(p["vga/gemm_only"], p["vga/permute"]) > SLOW else ""
+    gpu = (f"  gpu {p['gpu vga/gemm_only']:.2f} / {p['gpu vga/permute']:.2f}"
+           if p.get("gpu vga/gemm_only") is not None else "")
     return (f"{p['layer']:<14} {p['dtype']:<5} {p['rows']:>6} {str(p['family']):>18} {M.fmt_us(p['vga_us']):>9} "
             f"{M.fmt_us(p['gemm_only_us']):>9} {M.fmt_us(p['permute_us']):>9} {p['vga/gemm_only']:>9.2f} "
-            f"{p['vga/permute']:>8.2f} {M.fmt_sci(p['max_rel']):>8} {ok:>4}{slow}")
+            f"{p['vga/permute']:>8.2f} {M.fmt_sci(p['max_rel']):>8} {ok:>4}{slow}{gpu}")
 
 
 HEADER = (f"{'layer':<14} {'dtype':<5} {'rows':>6} {'family':>18} {'vga_us':>9} {'gemm_us':>9} {'perm_us':>9} "
@@ -202,13 +220,14 @@ HEADER = (f"{'layer':<14} {'dtype':<5} {'rows':>6} {'family':>18} {'vga_us':>9} 
 
 
 def summary_lines(summary: dict) -> list:
-    lines = [f"== distribution of time ratios (vga / row; < 1: vga faster; '<' above marks a point > {SLOW}x)",
-             f"{'dtype':<18} {'ratio':<14} {'n':>4} {'median':>7} {'p90':>7} {'max':>7} {'>1.1x':>6}  worst"]
+    lines = [f"== distribution of time ratios (vga / row; < 1: vga faster; '<' above marks a point > {SLOW}x;"
+             " gpu: of the GPU's busy time)",
+             f"{'dtype':<18} {'ratio':<18} {'n':>4} {'median':>7} {'p90':>7} {'max':>7} {'>1.1x':>6}  worst"]
     for group, dist in summary.items():
         if group.startswith("targets"):
             continue
         for key, st in dist.items():
-            lines.append(f"{group:<18} {key:<14} {st['n']:>4} {st['median']:>7.3f} {st['p90']:>7.3f} "
+            lines.append(f"{group:<18} {key:<18} {st['n']:>4} {st['median']:>7.3f} {st['p90']:>7.3f} "
                          f"{st['max']:>7.3f} {st['above_1.1']:>6}  {st['worst']}")
     for group, met in summary.items():
         if group.startswith("targets"):

@@ -372,6 +372,16 @@ def test_sweep_distribution():
     assert dist["p90"] == pytest.approx(1.26) and dist["worst"] == "l rows=4 bf16"
     met = sweep.targets_met(sweep.distribution(pts))
     assert met["vga/gemm_only median <= 0.98"] is False and met["vga/permute max <= 1.05"] is True
+    assert "gpu vga/gemm_only" not in sweep.distribution(pts)  # (the forward has no busy-time ratios)
+    # --backward on a GPU: the busy-time ratios get their own distribution, and the targets stay on
+    # the event times
+    for pt, busy in zip(pts, [0.8, 0.9, 1.0, 1.1, 1.2]):
+        pt["gpu vga/gemm_only"], pt["gpu vga/permute"] = busy, busy / 2
+    dist = sweep.distribution(pts)
+    assert dist["gpu vga/gemm_only"]["median"] == 1.0 and dist["gpu vga/gemm_only"]["worst"] == "l rows=4 bf16"
+    assert sweep.targets_met(dist) == met
+    assert sweep.point_line(dict(pts[0], family="f", vga_us=9.0, gemm_only_us=10.0, permute_us=18.0, max_rel=1e-3,
+                                 passed=True)).endswith("gpu 0.80 / 0.40")
 
 
 def test_sweep_cpu_smoke(tmp_path):
