@@ -8,8 +8,7 @@
 Each (layer R,H,K) x rows point builds fresh random inputs and times `--calls` calls captured in
 one graph (no host gaps, no L2 flush; harness.back_to_back_us), or with `--timing flushed` one call a
 graph replay with the L2 flushed by a 256 MiB read before each (bench.py's timer, the median): the
-forward, grad_x and
-grad_weight through the private family ops with `--config` forced (a family, or a GEMM-core
+forward, grad_x and grad_weight through the private family ops with `--config` forced (a family, or a GEMM-core
 configuration such as sm90_gemm/n128/c2), and with --cublas the same products on a
 pre-concatenated input (F.linear, grad_y @ W, grad_y^T @ cat(x)). `bwd` is both backward products
 by the backward op (grad_weight started while grad_x finishes), `gx+gw` the same two products by

@@ -845,10 +845,10 @@ CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_i
   STD_TORCH_CHECK(shape.token_tiles == (kKind == GemmKind::kForwardSwapped), "vga sm90_gemm: core shape and kind disagree");
   STD_TORCH_CHECK(!shape.token_tiles || (forced.splits <= 1 && forced.cluster_splits == 0),
                   "vga sm90_gemm: the token widths (", width_names(kTokenWidths), ") take no reduction split (s1 only)");
-  STD_TORCH_CHECK(forced.block_n == 0 || !shape.token_tiles || is_token_width(forced.block_n), "vga sm90_gemm: tile width n",
-                  forced.block_n, " is not a token width (", width_names(kTokenWidths), ")");
-  STD_TORCH_CHECK(forced.block_n == 0 || shape.token_tiles || !is_token_width(forced.block_n), "vga sm90_gemm: tile width n",
-                  forced.block_n, " is a token width of the forward; this product takes ", width_names(kCoreWidths));
+  STD_TORCH_CHECK(forced.block_n == 0 || is_token_width(forced.block_n) == shape.token_tiles, "vga sm90_gemm: tile width n",
+                  forced.block_n, shape.token_tiles ? " is not a token width (" + width_names(kTokenWidths) + ")"
+                                                    : " is a token width of the forward; this product takes " +
+                                                          width_names(kCoreWidths));
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
 

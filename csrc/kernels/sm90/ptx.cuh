@@ -47,7 +47,8 @@ __device__ __forceinline__ void cluster_sync() {
 }
 // The same barrier for arrivals that publish nothing to the cluster: ptxas lowers a release
 // arrival to MEMBAR.ALL.GPU, which waits until every store the thread has in flight is acknowledged.
-// Without it a thread's shared-memory writes are not ordered before the others' reads, so use it
+// A relaxed arrival does not order the thread's earlier shared-memory writes before the others'
+// reads after the wait, so it is only for where nothing needs that:
 //  * after fence_barrier_init, which publishes the barriers' initialisation itself (CUTLASS's
 //    cluster_arrive_relaxed);
 //  * where a CTA waits for its peers to finish reading its shared memory before it exits: their
