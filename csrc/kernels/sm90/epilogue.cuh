@@ -257,7 +257,7 @@ constexpr int largest_divisor_at_most(int count, int limit) {
 // 2 x 256 contiguous bytes of a slice's rows and uses every segment it moves (8 columns a thread
 // in two 16-byte loads used half of each segment, run 140's probe: 0.7 µs for the first 16 KB of
 // a c2 sum, 1.5-1.7 µs for c4's 32 KB). A thread issues the loads of several chunks before it adds
-// any (kBatch chunks x kSlices loads, up to 16 in flight), one round trip a batch.
+// any (kBatch chunks x kSlices loads, up to 8 in flight: 32 registers), one round trip a batch.
 template <typename Element, int kBlockN, int kSlices, int kConsumerThreads, bool kScatter>
 __device__ __forceinline__ void sum_slices(const float* partial, const float* tile_bias, const CoreArgs& a,
                                            const TileCoord& c, int rank, int thread) {
@@ -266,7 +266,7 @@ __device__ __forceinline__ void sum_slices(const float* partial, const float* ti
   constexpr int kChunksPerRow = kBlockN / 4;
   constexpr int kChunksPerThread = kRows * kChunksPerRow / kConsumerThreads;
   static_assert(kRows * kChunksPerRow % kConsumerThreads == 0, "every consumer thread sums as many chunks");
-  constexpr int kBatch = largest_divisor_at_most(kChunksPerThread, 16 / kSlices);
+  constexpr int kBatch = largest_divisor_at_most(kChunksPerThread, std::max(1, 8 / kSlices));
   const int64_t column0 = static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0;
   const int columns_left = a.n_group_width - c.n0;
   Element* out = static_cast<Element*>(a.out) + (kScatter ? 0 : column0);
@@ -274,22 +274,28 @@ __device__ __forceinline__ void sum_slices(const float* partial, const float* ti
 #pragma unroll 1
   for (int first = 0; first < kChunksPerThread; first += kBatch) {
     float4 part[kBatch][kSlices];
+    bool stored[kBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {  // every load of the batch first (rows past the extent too: never stored)
+    for (int b = 0; b < kBatch; ++b) {  // every load of the batch first
       const int chunk = (first + b) * kConsumerThreads + thread;
       const int row = rank * kRows + chunk / kChunksPerRow;
       const int column = (chunk % kChunksPerRow) * 4;
+      // Only chunks that are stored are loaded: the exit barrier's relaxed arrival counts on every
+      // load of a peer's shared memory having landed, which a load whose value feeds a store has.
+      stored[b] = c.inner0 + row < a.m_inner && column < columns_left;
       const uint32_t local = partial_base + static_cast<uint32_t>((row * kLd + column) * 4);
+      if (stored[b]) {
 #pragma unroll
-      for (int q = 0; q < kSlices; ++q) part[b][q] = load_cluster_float4(local, q);
+        for (int q = 0; q < kSlices; ++q) part[b][q] = load_cluster_float4(local, q);
+      }
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
+      if (!stored[b]) continue;
       const int chunk = (first + b) * kConsumerThreads + thread;
       const int row = rank * kRows + chunk / kChunksPerRow;
       const int column = (chunk % kChunksPerRow) * 4;
       const int inner = c.inner0 + row;
-      if (inner >= a.m_inner || column >= columns_left) continue;
       float v[4] = {part[b][0].x, part[b][0].y, part[b][0].z, part[b][0].w};
 #pragma unroll
       for (int q = 1; q < kSlices; ++q) {
