@@ -33,11 +33,13 @@ LAYERS = [(32, 128, 4096), (40, 128, 5120), (64, 128, 8192), (8, 1024, 8192), (4
 # (the in-cluster splits the rule can take at few tiles are all here: run 94's largest regret was the
 # rule's n192/c4, which the list then lacked)
 CONFIGS = ["sm90_gemm"] + [f"sm90_gemm/{c}" for c in (
-    "n256/s1", "n256/s2", "n256/c2", "n256/c4", "n192/s1", "n192/s2", "n192/c2", "n192/c4", "n128/s1", "n128/s2",
+    "n256/s1", "n256/s2", "n192/s1", "n192/s2", "n192/c2", "n192/c4", "n128/s1", "n128/s2",
     "n128/s4", "n128/c2", "n128/c4", "n128/c8", "n64/s1", "n64/s2", "n64/s4", "n64/c2", "n64/c4", "n64/c8", "n240/s1",
     "n176/s1", "n112/s1", "n96/s1")]
 # The forward's token widths: it runs transposed (W's rows as M, the tokens as N; no split).
 TOKEN_WIDTHS = (96, 112, 176, 240)
+# The widest tile whose reduction splits in the cluster (schedule.cuh, kWidestClusterSplit).
+WIDEST_CLUSTER_SPLIT = 192
 # Clusters resident at once by size, as the plan counts them (the extension asks the driver:
 # torch.ops.vga._sm90_resident_clusters; these are its answers on an H200 of 132 SMs, where pairs
 # leave some SMs of odd GPCs unpaired): the paired kernels', the in-cluster splits' by size, the
@@ -248,7 +250,7 @@ def _plans(kind, p, keys, shapes, first_only, resident):
         total = kblocks(shape)
         per_split = math.ceil(total / splits)
         used = splits if in_cluster else math.ceil(total / per_split)
-        if in_cluster and (per_split * (splits - 1) >= total
+        if in_cluster and (block_n > WIDEST_CLUSTER_SPLIT or per_split * (splits - 1) >= total
                            or math.prod(tile_counts(shape, block_n)) > counts[splits] or shape.get("span_copy") == "B"):
             continue  # the rule gives every CTA of the cluster a slice, all clusters in one round (no
             # in-cluster split for grad_weight's columns along the concatenation)

@@ -19,7 +19,7 @@ HALF_TYPES = [torch.bfloat16, torch.float16]
 # the short reductions below leaves slices empty, which must add zeros).
 CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm90_gemm/n256", "sm90_gemm/n128/s3",
            "sm90_gemm/n256/s2", "sm90_gemm/n192/s2", "sm90_gemm/n192/c2",
-           "sm90_gemm/n64/s5", "sm90_gemm/n128/s16", "sm90_gemm/n128/c2", "sm90_gemm/n256/c4", "sm90_gemm/n64/c4",
+           "sm90_gemm/n64/s5", "sm90_gemm/n128/s16", "sm90_gemm/n128/c2", "sm90_gemm/n192/c4", "sm90_gemm/n64/c4",
            "sm90_gemm/n128/c8"]
 # The forward's token widths: the product computed transposed (W's rows as M, the tokens as N), its
 # tile stored transposed; the backward products do not take them.
@@ -27,7 +27,7 @@ TOKEN_CONFIGS = ["sm90_gemm/n96", "sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm
 # x's operand along the concatenation, forced ("span": H % 64 != 0 only): the forward's k-blocks
 # and grad_weight's columns, at each width, split across the grid and in the cluster.
 SPAN_CONFIGS = ["sm90_gemm/span", "sm90_gemm/n64/span", "sm90_gemm/n128/s3/span", "sm90_gemm/n192/span",
-                "sm90_gemm/n256/c4/span", "sm90_gemm/n64/c2/span"]
+                "sm90_gemm/n192/c4/span", "sm90_gemm/n64/c2/span"]
 # (R, batch, H, K): tails in rows (not a multiple of 128 or 64), K (not a multiple of 64, 128, 256),
 # H (80, 96, 8), one batch row, odd tile counts for the clusters of 2, two batch dims; shards
 # narrower than a k-block (16, 32, 48) and a 112-wide one whose reduction splits start inside a
@@ -94,7 +94,7 @@ def test_forward_configs(config, dtype, shape, layout):
 # grad_weight's columns a shard at a time where H % 64 != 0 (the rule runs them along the
 # concatenation there: CONFIGS reach those kernels).
 GRAD_WEIGHT_SHARD_CONFIGS = ["sm90_gemm/shards", "sm90_gemm/n64/shards", "sm90_gemm/n128/s3/shards",
-                             "sm90_gemm/n256/c4/shards"]
+                             "sm90_gemm/n192/c4/shards"]
 
 
 @pytest.mark.parametrize("config", SPAN_CONFIGS + GRAD_WEIGHT_SHARD_CONFIGS)
@@ -110,6 +110,17 @@ def test_grad_weight_column_layouts(config, dtype, shape, layout):
     assert grad_w.shape == w.shape and grad_w.is_contiguous()
     assert_close_scaled(grad_w, reference_grads(grad_out, x, w)[1])
     assert torch.equal(grad_w, _grad_weight(grad_out, x, config))  # bitwise deterministic
+
+
+def test_the_widest_tile_takes_no_split_in_the_cluster():
+    # (its partial tile and the peers' rows of it do not fit the shared memory: schedule.cuh)
+    x = make_x(2, (130,), 64, torch.bfloat16, "cuda")
+    w, b = make_params(2, 64, 72, torch.bfloat16, "cuda")
+    g = torch.randn(130, 72, dtype=torch.bfloat16, device="cuda")
+    for product in (lambda: run_op(x, w, b, "sm90_gemm/n256/c2"), lambda: _grad_x(g, w, 2, "sm90_gemm/n256/c4"),
+                    lambda: _grad_weight(g, x, "sm90_gemm/n256/c8")):
+        with pytest.raises(RuntimeError, match="n256 takes no split in the cluster .*up to n192"):
+            product()
 
 
 def test_span_needs_a_width_that_is_not_a_multiple_of_64():
@@ -159,7 +170,7 @@ def test_backward_configs(config, dtype, shape, layout):
 EMPTY_BOX_SHAPES = [(5, (9240,), 64, 1040, "contiguous"), (2, (2, 4620), 128, 560, "padded")]
 
 
-@pytest.mark.parametrize("config", ["sm90_gemm/n64", "sm90_gemm/n128/s2", "sm90_gemm/n192", "sm90_gemm/n256/c2",
+@pytest.mark.parametrize("config", ["sm90_gemm/n64", "sm90_gemm/n128/s2", "sm90_gemm/n192", "sm90_gemm/n192/c2",
                                     "sm90_gemm/n64/c4"] + TOKEN_CONFIGS)
 @pytest.mark.parametrize("shape", EMPTY_BOX_SHAPES, ids=str)
 def test_boxes_past_the_operands_are_not_read_into_stored_outputs(config, shape):
@@ -180,7 +191,7 @@ def test_boxes_past_the_operands_are_not_read_into_stored_outputs(config, shape)
 # grad_x's last kernel of each kind: the core itself, the grid split's sum (s), the in-cluster sum (c);
 # and the pairs where one product runs elsewhere, which launch one after the other.
 BACKWARD_PAIRS = [("sm90_gemm", "sm90_gemm"), ("sm90_gemm/n128/s3", "sm90_gemm/n64/c4"),
-                  ("sm90_gemm/n256/c2", "sm90_gemm/n128/s5"), ("sm90_gemm/n64", "sm90_gemm/n256"),
+                  ("sm90_gemm/n192/c2", "sm90_gemm/n128/s5"), ("sm90_gemm/n64", "sm90_gemm/n256"),
                   ("generic", "sm90_gemm"), ("sm90_gemm/n128/s2", "generic")]
 
 
@@ -330,7 +341,7 @@ def test_backward_refusals_say_why():
     assert_close_scaled(gx, reference_grads(gb, xb, wb)[0])
 
 
-@pytest.mark.parametrize("config", ["sm90_gemm", "sm90_gemm/n128/s7", "sm90_gemm/n256/c4", "sm90_gemm/n128/c8"])
+@pytest.mark.parametrize("config", ["sm90_gemm", "sm90_gemm/n128/s7", "sm90_gemm/n192/c4", "sm90_gemm/n128/c8"])
 def test_gradients_are_bitwise_deterministic(config):
     R, batch, H, K = 8, (4096,), 128, 256  # a long reduction: the rule splits grad_weight
     x = make_x(R, batch, H, torch.bfloat16, "cuda")

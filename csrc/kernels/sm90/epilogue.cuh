@@ -31,11 +31,14 @@ namespace sm90 {
 
 // The in-cluster split's partial tile: fp32 [kBlockM][kLd], in the stage ring's memory
 // (free once the tile's last k-block is consumed: a cluster walks one tile). The row pitch's 8
-// extra floats put the 8 rows a store instruction writes in different banks.
+// extra floats put the 8 rows a store instruction writes in different banks. After it, the rows
+// this CTA sums as the peers' partial tiles hold them: one slot of 128 / S rows a peer, S - 1
+// slots (kExchangeBytes: the tile and the slots of the largest cluster, S = 8).
 template <int kBlockN>
 struct PartialTile {
   static constexpr int kLd = kBlockN + 8;
   static constexpr int kBytes = kBlockM * kLd * 4;
+  static constexpr int kExchangeBytes = kBytes + 7 * (kBlockM / 8) * kLd * 4;
 };
 
 #ifdef VGA_SM90A_DEVICE
@@ -248,54 +251,72 @@ constexpr int largest_divisor_at_most(int count, int limit) {
   return d < 1 ? 1 : d;
 }
 
-// CTA `rank` of the kSlices in the cluster: its rows of the tile, summed over the slices' partial
-// tiles in slice order, + bias, stored as Element (8-byte stores of 4 columns where the row allows).
-// `thread` counts the consumer threads (kConsumerThreads of them); every partial tile must be
-// complete (a cluster barrier) before, and stay until every CTA is done (another one).
-// Distributed shared memory moves 32-byte segments, as global memory does (NVIDIA's Hopper tuning
-// guide): consecutive threads take consecutive 16-byte chunks of a row, so that a warp's load is
-// 2 x 256 contiguous bytes of a slice's rows and uses every segment it moves (8 columns a thread
-// in two 16-byte loads used half of each segment, run 140's probe: 0.7 µs for the first 16 KB of
-// a c2 sum, 1.5-1.7 µs for c4's 32 KB). A thread issues the loads of several chunks before it adds
-// any (kBatch chunks x kSlices loads, up to 8 in flight: 32 registers), one round trip a batch.
+// CTA `rank` of the kSlices in the cluster: its rows of the tile (rank * 128 / S ..), summed over
+// the slices' partial tiles in slice order, + bias, stored as Element (8-byte stores of 4 columns
+// where the row allows). `thread` counts the consumer threads (kConsumerThreads of them). Every
+// CTA's partial tile is staged and fenced for the async proxy, and every CTA's ring is free to
+// receive (a cluster barrier), before; the peers' partial tiles stay until every CTA is done
+// (another one).
+// The rows travel by bulk copies: this CTA's thread 0 pushes each peer's rows of its partial tile
+// into that peer's slot for this rank, completing on the peer's `received` barrier, and waits on
+// its own for theirs. So no thread publishes its tile with a release (a cluster-scope release is a
+// MEMBAR.ALL.GPU, ~0.5 µs: run 140's probe), and every read of the sum is local. Consecutive
+// threads read consecutive 16-byte chunks of a row (a warp's load: 2 x 256 contiguous bytes, no
+// bank conflict); a thread issues the loads of several chunks before it adds any (kBatch chunks x
+// kSlices loads, up to 8 in flight: 32 registers).
 template <typename Element, int kBlockN, int kSlices, int kConsumerThreads, bool kScatter>
-__device__ __forceinline__ void sum_slices(const float* partial, const float* tile_bias, const CoreArgs& a,
-                                           const TileCoord& c, int rank, int thread) {
+__device__ __forceinline__ void sum_slices(const float* partial, uint64_t* received, const float* tile_bias,
+                                           const CoreArgs& a, const TileCoord& c, int rank, int thread) {
   constexpr int kLd = PartialTile<kBlockN>::kLd;
   constexpr int kRows = kBlockM / kSlices;
+  constexpr uint32_t kSlotBytes = kRows * kLd * 4;  // a slice's rows of one CTA: one slot, one copy
   constexpr int kChunksPerRow = kBlockN / 4;
   constexpr int kChunksPerThread = kRows * kChunksPerRow / kConsumerThreads;
   static_assert(kRows * kChunksPerRow % kConsumerThreads == 0, "every consumer thread sums as many chunks");
+  static_assert(kSlotBytes % 16 == 0, "bulk copies move 16-byte multiples");
   constexpr int kBatch = largest_divisor_at_most(kChunksPerThread, std::max(1, 8 / kSlices));
+  const uint32_t partial_base = smem_address(partial);
+  const uint32_t slots_base = partial_base + PartialTile<kBlockN>::kBytes;
+  // slot of `sender`'s rows at `receiver`: the other ranks in order
+  auto slot_of = [](int sender, int receiver) { return sender < receiver ? sender : sender - 1; };
+  if (thread == 0) {
+    mbarrier_arrive_expect_tx(received, (kSlices - 1) * kSlotBytes);
+    for (int q = 0; q < kSlices; ++q) {
+      if (q != rank) {
+        bulk_copy_to_cluster_cta(slots_base + slot_of(rank, q) * kSlotBytes, partial_base + q * kSlotBytes, kSlotBytes,
+                                 smem_address(received), q);
+      }
+    }
+  }
+  mbarrier_wait(received, 0);  // (one tile a cluster: the barrier's first phase)
   const int64_t column0 = static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0;
   const int columns_left = a.n_group_width - c.n0;
   Element* out = static_cast<Element*>(a.out) + (kScatter ? 0 : column0);
-  const uint32_t partial_base = smem_address(partial);
 #pragma unroll 1
   for (int first = 0; first < kChunksPerThread; first += kBatch) {
     float4 part[kBatch][kSlices];
     bool stored[kBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {  // every load of the batch first
+    for (int b = 0; b < kBatch; ++b) {  // every load of the batch first (only of chunks that are stored)
       const int chunk = (first + b) * kConsumerThreads + thread;
-      const int row = rank * kRows + chunk / kChunksPerRow;
+      const int row_in_slice = chunk / kChunksPerRow;
       const int column = (chunk % kChunksPerRow) * 4;
-      // Only chunks that are stored are loaded: the exit barrier's relaxed arrival counts on every
-      // load of a peer's shared memory having landed, which a load whose value feeds a store has.
-      stored[b] = c.inner0 + row < a.m_inner && column < columns_left;
-      const uint32_t local = partial_base + static_cast<uint32_t>((row * kLd + column) * 4);
+      stored[b] = c.inner0 + rank * kRows + row_in_slice < a.m_inner && column < columns_left;
+      const uint32_t offset = static_cast<uint32_t>((row_in_slice * kLd + column) * 4);
       if (stored[b]) {
 #pragma unroll
-        for (int q = 0; q < kSlices; ++q) part[b][q] = load_cluster_float4(local, q);
+        for (int q = 0; q < kSlices; ++q) {
+          part[b][q] = load_shared_float4((q == rank ? partial_base + rank * kSlotBytes
+                                                     : slots_base + slot_of(q, rank) * kSlotBytes) + offset);
+        }
       }
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (!stored[b]) continue;
       const int chunk = (first + b) * kConsumerThreads + thread;
-      const int row = rank * kRows + chunk / kChunksPerRow;
       const int column = (chunk % kChunksPerRow) * 4;
-      const int inner = c.inner0 + row;
+      const int inner = c.inner0 + rank * kRows + chunk / kChunksPerRow;
       float v[4] = {part[b][0].x, part[b][0].y, part[b][0].z, part[b][0].w};
 #pragma unroll
       for (int q = 1; q < kSlices; ++q) {
@@ -323,15 +344,15 @@ __device__ __forceinline__ void sum_slices(const float* partial, const float* ti
 // The same for the cluster's size (2, 4 or 8 slices); `tile_bias` is the tile's bias (zeros but
 // for the forward).
 template <typename Element, int kBlockN, int kConsumerThreads, bool kScatter>
-__device__ __forceinline__ void sum_cluster_tile(const float* partial, const float* tile_bias, const CoreArgs& a,
-                                                 const TileCoord& c, uint32_t cta_rank, int thread) {
+__device__ __forceinline__ void sum_cluster_tile(const float* partial, uint64_t* received, const float* tile_bias,
+                                                 const CoreArgs& a, const TileCoord& c, uint32_t cta_rank, int thread) {
   const int rank = static_cast<int>(cta_rank);
   if (a.cluster_size == 2) {
-    sum_slices<Element, kBlockN, 2, kConsumerThreads, kScatter>(partial, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, 2, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
   } else if (a.cluster_size == 4) {
-    sum_slices<Element, kBlockN, 4, kConsumerThreads, kScatter>(partial, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, 4, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
   } else {
-    sum_slices<Element, kBlockN, 8, kConsumerThreads, kScatter>(partial, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, 8, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
   }
 }
 

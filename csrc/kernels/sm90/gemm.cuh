@@ -36,9 +36,9 @@
 // (L2 -> SM traffic per tile 48 -> 32 KB a k-block at 256, where the unshared panel would need
 // ~9 TB/s of L2 bandwidth); along N (one or an odd number of row tiles, and always at 64 wide,
 // where A is the larger tile and an MN-major B is a single box) they share the A panel the same
-// way. Or, for few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction and add it
-// up in distributed shared memory. The tile walk and the split of the reduction are schedule.cuh's;
-// the stores are epilogue.cuh's.
+// way. Or, for few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction (up to 192
+// wide) and add it up in distributed shared memory. The tile walk and the split of the reduction
+// are schedule.cuh's; the stores are epilogue.cuh's.
 #pragma once
 
 #include <algorithm>
@@ -72,10 +72,12 @@ struct TileShape {
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
   static constexpr int kBiasBytes = kConsumerWarpgroups * kBlockN * sizeof(float);
   static constexpr int kSharedBudget = 227 * 1024;
+  // a full and an empty barrier a stage, and the in-cluster sum's (with one unused after it: the
+  // bias rows stay 16-byte aligned)
+  static constexpr int kBarrierBytes(int stages) { return (2 * stages + 2) * int(sizeof(uint64_t)); }
   static constexpr int kStages =
-      std::min(8, (kSharedBudget - kSwizzleAlignment - 16 * int(sizeof(uint64_t)) - kBiasBytes) / kStageBytes);
-  static constexpr int kSharedBytes =
-      kSwizzleAlignment + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t)) + kBiasBytes;
+      std::min(8, (kSharedBudget - kSwizzleAlignment - kBarrierBytes(8) - kBiasBytes) / kStageBytes);
+  static constexpr int kSharedBytes = kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes(kStages) + kBiasBytes;
   static_assert(is_core_width(kBlockN) || is_token_width(kBlockN), "wgmma N of the core");
   static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
   static_assert(PartialTile<kBlockN>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
@@ -496,12 +498,12 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t d
 // the cluster, because the peer's producer writes part of the shared panel into this CTA's stage
 // (with the split in the cluster, nothing is shared: this CTA's consumer warps only). With the
 // split in the cluster the grid has one cluster per tile, so after the tile's last k-block the
-// ring's memory holds the CTA's partial tile for the cluster's sum. The split in the cluster is a
-// separate instantiation (kInCluster): compiled into the paired kernel as runtime branches it cost
-// that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows; run 27's A/B). So is x's operand
-// along the concatenation (kSpanShards: the forward's A k-blocks, grad_weight's B columns): its
-// whole producer warpgroup copies that operand with cp.async, and a stage's full barrier counts
-// those 128 threads' arrivals too.
+// ring's memory holds the CTA's partial tile for the cluster's sum, and the peers' rows of theirs.
+// The split in the cluster is a separate instantiation (kInCluster): compiled into the paired
+// kernel as runtime branches it cost that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows;
+// run 27's A/B). So is x's operand along the concatenation (kSpanShards: the forward's A k-blocks,
+// grad_weight's B columns): its whole producer warpgroup copies that operand with cp.async, and a
+// stage's full barrier counts those 128 threads' arrivals too.
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards>
 __global__ void __launch_bounds__(kThreads, 1)
     core_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
@@ -517,6 +519,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStages = Tile::kStages;
   constexpr int kMmaGroupsInFlight = mma_groups_in_flight<kKind>(kStages);
   static_assert(kMmaGroupsInFlight == 1 || kMmaGroupsInFlight == 2, "the consumers release one or two stages late");
+  static_assert(!kInCluster || (kBlockN <= kWidestClusterSplit &&
+                                 PartialTile<kBlockN>::kExchangeBytes <= kStages * Tile::kStageBytes),
+                "the in-cluster sum's partial tile and its peers' rows fit the ring");
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(shared_raw) + kSwizzleAlignment - 1) & ~uintptr_t(kSwizzleAlignment - 1));
@@ -524,7 +529,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* b_tiles = shared + kStages * Tile::kATileBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + kStages * Tile::kStageBytes);
   uint64_t* empty = full + kStages;
-  float* bias_rows = reinterpret_cast<float*>(empty + kStages);  // kBlockN floats per consumer warpgroup
+  uint64_t* received = empty + kStages;  // the in-cluster sum's: the peers' rows of this CTA's have landed
+  float* bias_rows = reinterpret_cast<float*>(empty + kStages + 2);  // kBlockN floats per consumer warpgroup
 
   const int warpgroup = threadIdx.x / 128;
   const uint32_t cta_rank = cluster_cta_rank();
@@ -539,6 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_init(&full[s], kSpanShards ? 1 + kSpanCopyThreads : 1);
       mbarrier_init(&empty[s], releasing_ctas * kConsumerWarpgroups * 4);  // every such consumer warp
     }
+    if (kInCluster) mbarrier_init(received, 1);  // the summing CTA's expect_tx; the peers' copies complete it
     fence_barrier_init();
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&b_map);
@@ -629,7 +636,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       cluster_wait();
     }
-    // the consumers' barrier before the sum of the partial tiles (the producers publish nothing)
+    // the barrier before the in-cluster sum: every ring is free to receive the peers' rows (the
+    // producers' part: they publish nothing)
     if constexpr (kInCluster) cluster_sync_relaxed();
   } else {
     cluster_wait();
@@ -726,12 +734,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (kInCluster) {
         named_barrier_sync(3, 128 * kConsumerWarpgroups);  // both warpgroups are done reading the ring
+        // This CTA's ring may receive its peers' rows now (a relaxed arrival: its reads are complete,
+        // the wgmma groups waited for, and nothing is published).
+        cluster_arrive_relaxed();
         // (a forced split may leave a slice without k-blocks: its partial tile is zeros)
         float* partial = reinterpret_cast<float*>(shared);
         stage_partial_tile<kBlockN>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
-        cluster_sync();  // every slice's partial tile is complete (the producers arrive after their loop)
+        fence_proxy_async_shared();  // the bulk copies (the async proxy) read what these stores wrote
+        named_barrier_sync(3, 128 * kConsumerWarpgroups);
+        cluster_wait();  // every CTA's ring is free
         sum_cluster_tile<Element, kBlockN, kConsumerWarpgroups * 128, kKind == GemmKind::kGradInput>(
-            partial, bias_rows, args, c, cta_rank, threadIdx.x - 128);
+            partial, received, bias_rows, args, c, cta_rank, threadIdx.x - 128);
       } else if constexpr (kKind == GemmKind::kForwardSwapped) {
         store_tile_transposed<Element, kBlockN>(acc, row_bias, args, c, consumer, thread_in_wg);
       } else {
@@ -739,8 +752,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  // With the split in the cluster, no CTA leaves while a peer may still read its partial tile;
-  // paired CTAs are held by their producer's wait on the last stages instead.
+  // With the split in the cluster, no CTA leaves while a bulk copy may still read its partial tile
+  // (a peer arrives here once all its rows have landed); paired CTAs are held by their producer's
+  // wait on the last stages instead.
   if constexpr (kInCluster) cluster_sync_relaxed();
   // A grid that overlapped the previous one completes only after it, so that the kernels after
   // this one, which wait for this grid alone, see that one's outputs too.
@@ -774,11 +788,15 @@ int max_active_clusters_of_every_width(int cluster_size) {
                      max_active_clusters<kKind, Element, 176, false>(cluster_size),
                      max_active_clusters<kKind, Element, 112, false>(cluster_size),
                      max_active_clusters<kKind, Element, 96, false>(cluster_size)});
+  } else if constexpr (kInCluster) {  // (n64-n192: kWidestClusterSplit)
+    return std::min({max_active_clusters<kKind, Element, 192, true>(cluster_size),
+                     max_active_clusters<kKind, Element, 128, true>(cluster_size),
+                     max_active_clusters<kKind, Element, 64, true>(cluster_size)});
   } else {
-    return std::min({max_active_clusters<kKind, Element, 256, kInCluster>(cluster_size),
-                     max_active_clusters<kKind, Element, 192, kInCluster>(cluster_size),
-                     max_active_clusters<kKind, Element, 128, kInCluster>(cluster_size),
-                     max_active_clusters<kKind, Element, 64, kInCluster>(cluster_size)});
+    return std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size),
+                     max_active_clusters<kKind, Element, 192, false>(cluster_size),
+                     max_active_clusters<kKind, Element, 128, false>(cluster_size),
+                     max_active_clusters<kKind, Element, 64, false>(cluster_size)});
   }
 }
 
@@ -839,7 +857,8 @@ struct NoTailMaps {
 };
 
 // The plan of one product: `forced` checked against the kind (the swapped forward takes only the
-// token widths, without a split; the other kinds only n64-n256), then choose_plan over what it allows.
+// token widths, without a split; the other kinds only n64-n256, split in the cluster up to n192), then
+// choose_plan over what it allows.
 template <GemmKind kKind, typename Element>
 CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_index) {
   STD_TORCH_CHECK(shape.token_tiles == (kKind == GemmKind::kForwardSwapped), "vga sm90_gemm: core shape and kind disagree");
@@ -849,6 +868,9 @@ CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_i
                   forced.block_n, shape.token_tiles ? " is not a token width (" + width_names(kTokenWidths) + ")"
                                                     : " is a token width of the forward; this product takes " +
                                                           width_names(kCoreWidths));
+  STD_TORCH_CHECK(forced.cluster_splits == 0 || forced.block_n <= kWidestClusterSplit, "vga sm90_gemm: tile width n",
+                  forced.block_n, " takes no split in the cluster (its partial tile and its peers' rows do not fit the "
+                  "shared memory); c", forced.cluster_splits, " runs at widths up to n", kWidestClusterSplit);
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
 
@@ -952,8 +974,8 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
       launch_core_kernel<kKind, Element, 96, false>(a_map, b_map, tails, args, clusters, stream);
     }
   } else if (plan.block_n == 256) {
-    (plan.in_cluster ? launch_core_kernel<kKind, Element, 256, true> : launch_core_kernel<kKind, Element, 256, false>)(
-        a_map, b_map, tails, args, clusters, stream);
+    STD_TORCH_CHECK(!plan.in_cluster, "vga sm90_gemm: no in-cluster kernel of width 256");
+    launch_core_kernel<kKind, Element, 256, false>(a_map, b_map, tails, args, clusters, stream);
   } else if (plan.block_n == 192) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 192, true> : launch_core_kernel<kKind, Element, 192, false>)(
         a_map, b_map, tails, args, clusters, stream);

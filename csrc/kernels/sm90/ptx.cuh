@@ -160,20 +160,31 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
       : "memory");
 }
 
-// Four fp32 values from the shared memory of cluster CTA `cta_rank`, at the offset `local` has
-// in this CTA's (16-byte aligned).
-__device__ __forceinline__ float4 load_cluster_float4(uint32_t local, uint32_t cta_rank) {
+// Four fp32 values from this CTA's shared memory (16-byte aligned). Volatile: it stays after the
+// barrier wait that makes the values there.
+__device__ __forceinline__ float4 load_shared_float4(uint32_t address) {
   float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(address)
+               : "memory");
+  return v;
+}
+
+// One bulk copy of `bytes` (a multiple of 16; both offsets 16-byte aligned) from this CTA's shared
+// memory at `src` to the shared memory of cluster CTA `cta_rank` at offset `dst`, completing `bytes`
+// of transaction on that CTA's barrier at offset `bar`: as with a TMA load, the barrier's phase
+// completing makes the bytes visible to the threads waiting on it, and the copy engine has then
+// read the source. The source's generic-proxy writes need fence_proxy_async_shared before it.
+__device__ __forceinline__ void bulk_copy_to_cluster_cta(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar,
+                                                         uint32_t cta_rank) {
   asm volatile(
       "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %4, %5;\n"
-      "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n"
-      "}\n"
-      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-      : "r"(local), "r"(cta_rank)
+      ".reg .b32 remote_dst, remote_bar;\n"
+      "mapa.shared::cluster.u32 remote_dst, %0, %4;\n"
+      "mapa.shared::cluster.u32 remote_bar, %3, %4;\n"
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [remote_dst], [%1], %2, [remote_bar];\n"
+      "}\n" ::"r"(dst),
+      "r"(src), "r"(bytes), "r"(bar), "r"(cta_rank)
       : "memory");
-  return v;
 }
 
 __device__ __forceinline__ uint32_t cluster_cta_rank() {

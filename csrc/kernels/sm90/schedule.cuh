@@ -234,6 +234,11 @@ struct ResidentClusters {
   int of(int size) const { return size == 8 ? of8 : size == 4 ? of4 : of2; }
 };
 constexpr int kClusterSplits[] = {2, 4, 8};
+// The widest tile whose reduction splits in the cluster: the sum stages the CTA's partial tile and
+// receives its peers' rows of it in the ring's memory, (2S - 1) / S partial tiles, which does not
+// fit at 256 wide (135 KB a tile, a 192 KB ring). No 256-wide in-cluster split was the fastest
+// forced configuration at any point of runs 125, 130 and 140 (results/*-core-configs.jsonl).
+constexpr int kWidestClusterSplit = 192;
 
 // Cluster tiles of one split: pairs of row tiles sharing B, unless pairing the column tiles leaves
 // fewer CTAs idle (an odd or single row tile), then pairs of column tiles sharing A.
@@ -382,9 +387,10 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       // columns along the concatenation take no in-cluster split by the rule: run 89 timed the
       // ones the model picked 1.1-1.7x the unsplit plans at 1024 rows (a slice's few k-blocks
       // cannot hide its cp.async copies) and no faster than them (within 7%) at 4096-8192.
-      const bool skip = forced.cluster_splits != 0 ? forced.cluster_splits != slices
-                                                   : per_split * (slices - 1) >= kblocks || tiles > resident.of(slices) ||
-                                                         s.span_copy == SpanCopy::kB;
+      const bool skip = block_n > kWidestClusterSplit ||
+                        (forced.cluster_splits != 0 ? forced.cluster_splits != slices
+                                                    : per_split * (slices - 1) >= kblocks || tiles > resident.of(slices) ||
+                                                          s.span_copy == SpanCopy::kB);
       if (!skip) consider({block_n, slices, static_cast<int>(per_split), true});
     }
   }
