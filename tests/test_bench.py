@@ -483,6 +483,17 @@ def _shipped_plan_constants():
     return dict(zip(core_configs.CONSTANTS, (float(v) for v in values)))
 
 
+def test_the_plan_model_splits_in_the_cluster_up_to_the_kernels_widest_tile():
+    # core_configs.py's mirror of choose_plan skips the in-cluster splits schedule.cuh cannot run
+    import re
+
+    import core_configs
+
+    text = open(os.path.join(ROOT, "csrc", "kernels", "sm90", "schedule.cuh")).read()
+    assert int(re.search(r"constexpr int kWidestClusterSplit = (\d+);", text).group(1)) == core_configs.WIDEST_CLUSTER_SPLIT
+    assert not any(c.startswith("sm90_gemm/n256/c") for c in core_configs.CONFIGS)
+
+
 def test_plan_constants_match_the_fitted_model():
     # schedule.cuh's kPlanConstants, run through core_configs.py's mirror of plan_cost, still pick
     # near the fastest forced configuration of the sweep they were fitted to (run 29), of one they
