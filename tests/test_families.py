@@ -43,6 +43,9 @@ def _family_refuses(x, w, b, family):
                                             # k-blocks, one starting inside a shard (H = 144), 17-32 rows
                                             (3, (40,), 80, 200), (2, (33,), 96, 72), (5, (150,), 80, 136),
                                             (8, (16,), 80, 128), (4, (16,), 144, 128), (4, (24,), 96, 136),
+                                            # decode splits whose K is no multiple of 4 (the split-K
+                                            # finish's element-wise stores): S = 2 at 16 rows, 8 at 64
+                                            (4, (16,), 64, 203), (16, (64,), 64, 130),
                                             # more 128 x 256 tiles than Hopper has SMs, tails in rows and K
                                             (2, (2050,), 64, 2312)], ids=str)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
@@ -111,6 +114,22 @@ def test_each_family_multiplies_inf_as_f_linear_does(family, dtype):
     finite = ref.isfinite()
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.double()[finite], ref[finite], atol=tol, rtol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(8, (64,), 1024, 520), (32, (16,), 128, 300), (4, (16,), 144, 128)], ids=str)
+def test_each_family_is_bitwise_deterministic(family, dtype, shape):
+    # The split-K clusters (S = 8, 8 and 4 slices here) sum their slices in a fixed order.
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, dtype, "cuda")
+    w, b = make_params(R, H, K, dtype, "cuda")
+    first, refusal = _family_refuses(x, w, b, family)
+    if first is None:
+        pytest.skip(refusal)
+    for _ in range(3):
+        assert torch.equal(run_op(x, w, b, family), first)
 
 
 # An input each family must take (on Hopper for the sm90 ones): a family that refused everything

@@ -7,8 +7,9 @@
 //     warp), 32 or 64 for fp32 -- times all rows() batch rows of y, over a slice of the
 //     reduction dim. When K / tile rows alone gives too few CTAs for the SMs, the reduction dim
 //     is cut into S slices (S = 2, 4, 8) and the S CTAs of one tile form a thread block cluster
-//     (sm_90); their fp32 partial tiles are summed through distributed shared memory in a fixed
-//     rank order: deterministic, no workspace, no atomics. S is chosen with the clusters that
+//     (sm_90); each CTA sums its share of the tile's out-features over the S fp32 partial tiles
+//     in a fixed rank order, the peers' rows sent into its shared memory by bulk copies
+//     (finish_tile): deterministic, no workspace, no atomics. S is chosen with the clusters that
 //     can actually be resident (a cluster lives inside one GPC: on the H200, 1-CTA/SM kernels
 //     fit 66 clusters of 2 but only 30 of 4 and 15 of 8). Large K needs no split (S = 1);
 //     before sm_90 S is always 1.
@@ -29,7 +30,7 @@
 //     16-byte W load per row), each lane accumulates kRowsPerWarp x kBPad partial dot products,
 //     and a butterfly reduce-scatter across the warp sums them at the end (fixed order).
 //   * Epilogue: fp32 tile -> shared memory (transposed so that the final stores of y, which is
-//     (rows, K) row-major, are coalesced along K) -> [cluster reduce] -> + bias -> dtype -> y.
+//     (rows, K) row-major, are coalesced along K) -> [cluster exchange] -> sum + bias -> dtype -> y.
 //
 // Refused (see skinny_refusal): fp64, rows() > 64 (fp32: > 16), weight_stride_in != 1, W rows
 // not 16-byte aligned, sizes >= 2^31, compute capability < 8. Everything else runs: any R, H and
@@ -77,6 +78,7 @@ struct SkinnyParams {
   int out_features;  // K
   int slice_len;     // reduction elements per slice (a multiple of the chunk)
   int x_vectorized;  // 1: x gathers as aligned 16-byte vectors (H % vec == 0, aligned strides)
+  int out_vectorized;  // 1: four outputs of a row are one store (K % 4 == 0, out 4-element aligned)
 };
 
 // ---------------------------------------------------------------- small PTX helpers
@@ -146,33 +148,6 @@ template <>
 struct Bits<float> {
   using type = uint32_t;
 };
-
-// ---------------------------------------------------------------- cluster helpers (sm_90)
-
-
-// fp32 load from this CTA's shared memory at `local`; 0 without touching memory when !live
-// (a predicated load: no branch between a batch of them).
-__device__ __forceinline__ float load_shared_f32_if(uint32_t local, bool live) {
-  float v = 0.f;
-  asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p ld.shared.f32 %0, [%1];\n}"
-               : "+f"(v) : "r"(local), "r"(static_cast<uint32_t>(live)) : "memory");
-  return v;
-}
-
-// The same from the shared memory of cluster CTA `rank`, at the address `local` has in ours.
-__device__ __forceinline__ float load_cluster_f32_if(uint32_t local, uint32_t rank, bool live) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  float v = 0.f;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p ld.shared::cluster.f32 %0, [%1];\n}"
-               : "+f"(v) : "r"(remote), "r"(static_cast<uint32_t>(live)) : "memory");
-  return v;
-#else
-  (void)rank;
-  return load_shared_f32_if(local, live);
-#endif
-}
 
 // ---------------------------------------------------------------- shared pieces
 
@@ -271,78 +246,195 @@ __device__ __forceinline__ uint4 load_w_vector(const T* row, int k, int k_end, b
   return v;
 }
 
-constexpr int kFinishBatch = 8;  // batch rows whose partial sums a thread loads before storing
+// The split-K partial tile (fp32: kRowsPerCta out-features x kBPad batch rows) and, in a cluster
+// of S slices (sm_90), the rows the peers send. Rank-major: the out-features rank q sums, q * R / S
+// .. + R / S - 1 (R = kRowsPerCta), are one block [kBPad][R / S + 4] at q * kBPad * (R / S + 4)
+// floats, so what a CTA sends a peer is one contiguous run: one bulk copy. After the S blocks come
+// S - 1 slots of one block each, where the peers' copies of this rank's rows land. (The pitch's 4
+// extra floats keep the partial tile's writes free of bank conflicts: R / S + 4 = 4 mod 32 words
+// a batch row for R / S >= 32, 20 for 16, and the writers' batch rows are 2 apart.)
+template <int kRowsPerCta, int kBPad>
+struct PartialLayout {
+  // (2S - 1) blocks of kBPad x (R / S + 4) floats = kBPad x (2R + 8S - R / S - 4) < kBPad x (2R + 64)
+  static constexpr int kExchangeBytes = kBPad * (2 * kRowsPerCta + 8 * kMaxClusterSlices) * 4;
+  static constexpr int kTileBytes = kBPad * (kRowsPerCta + 4) * 4;  // S = 1: the tile alone
+  // shared memory the tile needs for a launch of `slices`
+  static constexpr int bytes(int slices) { return slices > 1 ? kExchangeBytes : kTileBytes; }
 
-// Sum the S partial tiles (S = gridDim.x, the CTAs of one cluster; 1 = this CTA alone), add the
-// bias, convert, store. `partial` is [kBPad][kRowsPerCta + 4] fp32 in every CTA; CTA rank q
-// finishes rows [q * kRowsPerCta / S, (q + 1) * kRowsPerCta / S) of the tile.
-// Each thread owns one row (output feature n: its bias is loaded once, and neighbouring threads
-// store neighbouring n) and every `groups`-th batch row. It loads the partial sums of
-// kFinishBatch batch rows before it stores any of them. The loads are asm with a memory
-// clobber, kept in program order with the stores to `out`, so one load-add-store per element
-// (as before) waited a shared/DSMEM round trip per element: 15 in a row for sm90_skinny at 64
-// batch rows and 2 slices, and batching took tp_smallbatch from 45.2 to 41.0 µs
-// (benchmarks/NOTES.md, run 17).
-// Every thread of the CTA (kThreadCount of them) takes part; only the epilogue fields of `p`
-// (out, bias, bias_stride, rows, out_features) are read.
-template <typename T, int kRowsPerCta, int kThreadCount = kThreads>
-__device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t partial, int row0) {
-  constexpr int kLd = kRowsPerCta + 4;
-  static_assert(kRowsPerCta <= kThreadCount, "one thread per row of the tile at least");
-  const int slices = gridDim.x;
-  const int rank = blockIdx.x;
-  if (slices > 1) {
-    sm90::cluster_sync();
-  } else {
-    __syncthreads();
+  int rank_rows;   // R / S (a power of two, >= 4: plan_launch)
+  int rank_shift;  // log2(R / S)
+  int ld;          // R / S + 4
+
+  __device__ __forceinline__ explicit PartialLayout(int slices)
+      : rank_rows(kRowsPerCta / slices), rank_shift(log2_of(kRowsPerCta / slices)), ld(kRowsPerCta / slices + 4) {}
+  static constexpr int log2_of(int power_of_two) {
+    int shift = 0;
+    while ((1 << shift) < power_of_two) ++shift;
+    return shift;
   }
-  const int rows_per_rank = kRowsPerCta / slices;
-  const int groups = kThreadCount / rows_per_rank;  // threads per row
-  const int row = rank * rows_per_rank + static_cast<int>(threadIdx.x) % rows_per_rank;
-  const int n = row0 + row;
-  const int first_b = static_cast<int>(threadIdx.x) / rows_per_rank;
-  if (first_b < groups && n < p.out_features) {
-    T* out = static_cast<T*>(p.out) + n;
-    const T* bias = static_cast<const T*>(p.bias);
-    const float bias_value = bias != nullptr ? to_acc<float>(bias[n * p.bias_stride]) : 0.f;
-    for (int b0 = first_b; b0 < p.rows; b0 += kFinishBatch * groups) {
-      // Loads of batch rows past the last are predicated off (no branch between the loads, and
-      // no shared/DSMEM traffic for them: at decode_oproj, 16 rows over 9 threads a feature, a
-      // thread has 2 rows, not kFinishBatch).
-      uint32_t addr[kFinishBatch];
-      bool live[kFinishBatch];
-      float sums[kFinishBatch];
+  // float offset of out-feature `row` of the tile, batch row `b`
+  __device__ __forceinline__ int offset(int b, int row) const {
+    const int q = row >> rank_shift;
+    return (q * kBPad + b) * ld + (row - (q << rank_shift));
+  }
+  __device__ __forceinline__ int block(int q) const { return q * kBPad * ld; }  // floats
+};
+
+// Four outputs of one batch row: out[0 .. 3] (16-byte aligned for fp32, 8 for the half types).
+template <typename T>
+__device__ __forceinline__ void store_four(T* out, const float (&v)[4]) {
+  if constexpr (sizeof(T) == 4) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+                 : "memory");
+  } else {
+    uint32_t bits[4];
 #pragma unroll
-      for (int j = 0; j < kFinishBatch; ++j) {
-        const int b = b0 + j * groups;
-        live[j] = b < p.rows;
-        addr[j] = partial + static_cast<uint32_t>(((live[j] ? b : 0) * kLd + row) * 4);
-        sums[j] = 0.f;
-      }
-      if (slices == 1) {
+    for (int e = 0; e < 4; ++e) {
+      const T h = from_acc<T>(v[e]);
+      uint16_t u;
+      memcpy(&u, &h, 2);
+      bits[e] = u;
+    }
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(out), "r"(bits[0] | (bits[1] << 16)),
+                 "r"(bits[2] | (bits[3] << 16))
+                 : "memory");
+  }
+}
+
+// CTA `rank`'s out-features of the tile, summed over the kSlices blocks in slice order (its own
+// from its tile, the peers' from its slots), + bias, stored. A thread takes 4 consecutive
+// out-features (one 16-byte load a slice, neighbouring threads on neighbouring features: the
+// stores are coalesced along K) and every (threads / (R / S / 4))-th batch row.
+template <typename T, int kRowsPerCta, int kBPad, int kThreadCount, int kSlices>
+__device__ __forceinline__ void sum_rank_rows(const SkinnyParams& p, uint32_t partial,
+                                              const PartialLayout<kRowsPerCta, kBPad>& layout, int row0, int rank) {
+  const int quads = layout.rank_rows / 4;  // divides kThreadCount (<= 32 quads)
+  const int quad = static_cast<int>(threadIdx.x) % quads;
+  const int n = row0 + rank * layout.rank_rows + 4 * quad;
+  if (n >= p.out_features) return;
+  const T* bias = static_cast<const T*>(p.bias);
+  float bias4[4];
 #pragma unroll
-        for (int j = 0; j < kFinishBatch; ++j) sums[j] = load_shared_f32_if(addr[j], live[j]);
-      } else {
-        for (int q = 0; q < slices; ++q) {
+  for (int e = 0; e < 4; ++e) {
+    bias4[e] = bias != nullptr && n + e < p.out_features ? to_acc<float>(bias[static_cast<int64_t>(n + e) * p.bias_stride])
+                                                         : 0.f;
+  }
+  const bool vector = p.out_vectorized && n + 4 <= p.out_features;
+  uint32_t source[kSlices];  // slice q's block of this rank's rows
 #pragma unroll
-          for (int j = 0; j < kFinishBatch; ++j) sums[j] += load_cluster_f32_if(addr[j], q, live[j]);
-        }
-      }
+  for (int q = 0; q < kSlices; ++q) {
+    const int slot = q < rank ? q : q - 1;  // the peers' slots, in rank order
+    source[q] = partial + 4 * static_cast<uint32_t>(q == rank ? layout.block(rank) : layout.block(kSlices + slot));
+  }
+  for (int b = static_cast<int>(threadIdx.x) / quads; b < p.rows; b += kThreadCount / quads) {
+    const uint32_t offset = 4 * static_cast<uint32_t>(b * layout.ld + 4 * quad);
+    uint4 part[kSlices];
 #pragma unroll
-      for (int j = 0; j < kFinishBatch; ++j) {
-        if (live[j]) out[static_cast<int64_t>(b0 + j * groups) * p.out_features] = from_acc<T>(sums[j] + bias_value);
+    for (int q = 0; q < kSlices; ++q) part[q] = load_shared16(source[q] + offset);
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int q = 0; q < kSlices; ++q) {
+      v[0] += __uint_as_float(part[q].x);
+      v[1] += __uint_as_float(part[q].y);
+      v[2] += __uint_as_float(part[q].z);
+      v[3] += __uint_as_float(part[q].w);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] += bias4[e];
+    T* out = static_cast<T*>(p.out) + static_cast<int64_t>(b) * p.out_features + n;
+    if (vector) {
+      store_four<T>(out, v);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (n + e < p.out_features) out[e] = from_acc<T>(v[e]);
       }
     }
   }
-  if (slices > 1) sm90::cluster_sync_relaxed();  // peers may still be reading our partial tile
+}
+
+// Sum the S partial tiles (S = gridDim.x, the CTAs of one cluster; 1 = this CTA alone), add the
+// bias, convert, store. `partial` is the tile in `layout`'s order, written by every thread before
+// the call, with room for the slots after it (PartialLayout::bytes(S)); CTA rank q finishes its
+// rows, out-features q * R / S .. + R / S - 1 of the tile.
+// In a cluster the rows travel by bulk copies into their owner's slots: once every CTA's tile is
+// written and fenced for the async proxy and every CTA's ring is free (one relaxed cluster barrier),
+// thread 0 sends each peer its block with one cp.async.bulk, completing on the peer's `received`
+// barrier (initialised at the kernel's start, before a cluster barrier), and every thread waits on
+// its own. So no thread publishes its tile with a release (a cluster-scope release is a
+// MEMBAR.ALL.GPU, ~0.5 µs: NOTES run 140), and the sum reads local shared memory only, 16 bytes a
+// load (the DSMEM reads it replaces were 4 bytes each: 8192 a CTA at 64 batch rows). A CTA arrives
+// at the exit barrier once its rows have landed and waits there before it exits: then every copy
+// has completed, so none still reads a tile whose CTA has gone.
+// Every thread of the CTA (kThreadCount of them) takes part; only the epilogue fields of `p`
+// (out, bias, bias_stride, rows, out_features, out_vectorized) are read.
+template <typename T, int kRowsPerCta, int kBPad, int kThreadCount = kThreads>
+__device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t partial, uint64_t* received, int row0) {
+  const int slices = gridDim.x;
+  const PartialLayout<kRowsPerCta, kBPad> layout(slices);
+  if (slices == 1) {
+    __syncthreads();
+    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 1>(p, partial, layout, row0, 0);
+    return;
+  }
+#ifdef VGA_SM90A_DEVICE
+  const int rank = blockIdx.x;
+  sm90::fence_proxy_async_shared();  // this thread's writes of the tile, for the copies that read it
+  sm90::cluster_arrive_relaxed();    // (publishes nothing: the tiles travel by the copies)
+  sm90::cluster_wait();
+  const uint32_t block_bytes = 4 * static_cast<uint32_t>(layout.block(1));
+  const uint32_t rows_bytes = 4 * static_cast<uint32_t>(p.rows * layout.ld);  // the batch rows that exist
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_arrive_expect_tx(received, (slices - 1) * rows_bytes);
+    for (int q = 0; q < slices; ++q) {
+      if (q == rank) continue;
+      const int slot = rank < q ? rank : rank - 1;  // this rank's slot at q
+      sm90::bulk_copy_to_cluster_cta(partial + (slices + slot) * block_bytes, partial + q * block_bytes, rows_bytes,
+                                     sm90::smem_address(received), q);
+    }
+  }
+  sm90::mbarrier_wait(received, 0);  // (one tile a cluster: the barrier's first phase)
+  sm90::cluster_arrive_relaxed();    // this CTA's rows have landed
+  if (slices == 2) {
+    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 2>(p, partial, layout, row0, rank);
+  } else if (slices == 4) {
+    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 4>(p, partial, layout, row0, rank);
+  } else {
+    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 8>(p, partial, layout, row0, rank);
+  }
+  sm90::cluster_wait();  // every CTA's rows have landed: no copy still reads this CTA's tile
+#else
+  (void)received;
+  __trap();  // clusters are launched only where the sm_90a code runs (plan_launch)
+#endif
+}
+
+// Thread 0 initialises the split-K finish's `received` barrier (one arrival: its own, with the
+// bytes to expect) and fences it for the cluster; the __syncthreads after it and the cluster
+// barrier in finish_tile order it before any peer's copy completes on it.
+__device__ __forceinline__ void init_received(uint64_t* received) {
+#ifdef VGA_SM90A_DEVICE
+  if (gridDim.x > 1 && threadIdx.x == 0) {
+    sm90::mbarrier_init(received, 1);
+    sm90::fence_barrier_init();
+  }
+#else
+  (void)received;
+#endif
+}
+
+// A skinny kernel's shared memory: the row offset table and the `received` barrier, then the x
+// ring, which the partial tile (and in a cluster its slots) reuses.
+template <int kBPad>
+constexpr int header_bytes() {
+  return kBPad * 8 + 16;
 }
 
 template <int kRowsPerCta, int kBPad, int kStageBytes>
-constexpr int smem_bytes() {
+constexpr int smem_bytes(int slices) {
   constexpr int ring = kXStages * kStageBytes;
-  constexpr int partial = kBPad * (kRowsPerCta + 4) * 4;
-  constexpr int body = ring > partial ? ring : partial;
-  return body + kBPad * 8;  // + row offset table
+  const int partial = PartialLayout<kRowsPerCta, kBPad>::bytes(slices);
+  return header_bytes<kBPad>() + (ring > partial ? ring : partial);
 }
 
 // ---------------------------------------------------------------- half types: mma.sync
@@ -357,7 +449,7 @@ struct MmaConfig {
   static constexpr int kStageBytes = kBPad * kChunk * 2;
   // W chunks in flight per thread; each is 16 bytes * 4 (16 registers).
   static constexpr int kWDepth = kNTiles >= 16 ? 3 : 4;
-  static constexpr int kSmem = smem_bytes<kRowsPerCta, kBPad, kStageBytes>();
+  static constexpr int shared_bytes(int slices) { return smem_bytes<kRowsPerCta, kBPad, kStageBytes>(slices); }
 };
 
 template <typename T, int kNTiles>
@@ -370,9 +462,10 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyPar
   constexpr int kRowBytes = kChunk * 2;  // one staged x row
 
   extern __shared__ __align__(16) unsigned char smem[];
-  const uint32_t smem_base = sm90::smem_address(smem);
-  constexpr int kBody = Cfg::kSmem - kBPad * 8;
-  int64_t* row_offset = reinterpret_cast<int64_t*>(smem + kBody);
+  int64_t* row_offset = reinterpret_cast<int64_t*>(smem);
+  uint64_t* received = reinterpret_cast<uint64_t*>(smem + kBPad * 8);
+  unsigned char* body = smem + header_bytes<kBPad>();
+  const uint32_t smem_base = sm90::smem_address(body);
 
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -387,6 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyPar
   const int full_chunks = span / kChunk;
 
   fill_row_offsets(p, row_offset, kBPad);
+  init_received(received);
   __syncthreads();
 
   // This thread's W rows: half -> row warp*16 + group + 8*half; rows past K re-read row K-1
@@ -469,19 +563,19 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyPar
   cp_async_wait<0>();
   __syncthreads();  // the x ring is free: reuse it for the partial tile
 
-  // Partial tile, transposed: partial[b][row], ld = kRowsPerCta + 4 (conflict-free writes).
-  constexpr int kLd = kRowsPerCta + 4;
-  float* partial = reinterpret_cast<float*>(smem);
+  // Partial tile, transposed (batch rows by out-features), in PartialLayout's order.
+  const PartialLayout<kRowsPerCta, kBPad> layout(gridDim.x);
+  float* partial = reinterpret_cast<float*>(body);
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     const int row = warp * Cfg::kRowsPerWarp + group;
     const int b = nt * 8 + 2 * quad;
-    partial[b * kLd + row] = acc[nt][0];
-    partial[(b + 1) * kLd + row] = acc[nt][1];
-    partial[b * kLd + row + 8] = acc[nt][2];
-    partial[(b + 1) * kLd + row + 8] = acc[nt][3];
+    partial[layout.offset(b, row)] = acc[nt][0];
+    partial[layout.offset(b + 1, row)] = acc[nt][1];
+    partial[layout.offset(b, row + 8)] = acc[nt][2];
+    partial[layout.offset(b + 1, row + 8)] = acc[nt][3];
   }
-  finish_tile<T, kRowsPerCta>(p, smem_base, row0);
+  finish_tile<T, kRowsPerCta, kBPad>(p, smem_base, received, row0);
 }
 
 // ---------------------------------------------------------------- fp32: SIMT FFMA
@@ -493,7 +587,7 @@ struct SimtConfig {
   static constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
   static constexpr int kStageBytes = kBPad * kChunk * 4;
   static constexpr int kWDepth = kRowsPerWarp >= 4 ? 2 : 8 / kRowsPerWarp;
-  static constexpr int kSmem = smem_bytes<kRowsPerCta, kBPad, kStageBytes>();
+  static constexpr int shared_bytes(int slices) { return smem_bytes<kRowsPerCta, kBPad, kStageBytes>(slices); }
 };
 
 template <int kBPad>
@@ -505,9 +599,10 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_fp32_kernel(const SkinnyPa
   constexpr int kRowsPerCta = Cfg::kRowsPerCta;
 
   extern __shared__ __align__(16) unsigned char smem[];
-  const uint32_t smem_base = sm90::smem_address(smem);
-  constexpr int kBody = Cfg::kSmem - kBPad * 8;
-  int64_t* row_offset = reinterpret_cast<int64_t*>(smem + kBody);
+  int64_t* row_offset = reinterpret_cast<int64_t*>(smem);
+  uint64_t* received = reinterpret_cast<uint64_t*>(smem + kBPad * 8);
+  unsigned char* body = smem + header_bytes<kBPad>();
+  const uint32_t smem_base = sm90::smem_address(body);
 
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -519,6 +614,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_fp32_kernel(const SkinnyPa
   const int full_chunks = span / kChunk;
 
   fill_row_offsets(p, row_offset, kBPad);
+  init_received(received);
   __syncthreads();
 
   const float* w_row[kRows];
@@ -609,16 +705,16 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_fp32_kernel(const SkinnyPa
       }
     }
   }
-  constexpr int kLd = kRowsPerCta + 4;
-  float* partial = reinterpret_cast<float*>(smem);
+  const PartialLayout<kRowsPerCta, kBPad> layout(gridDim.x);
+  float* partial = reinterpret_cast<float*>(body);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int flat = 2 * lane + i;
     const int r = flat / kBPad;
     const int b = flat - r * kBPad;
-    partial[b * kLd + warp * kRows + r] = v[i];
+    partial[layout.offset(b, warp * kRows + r)] = v[i];
   }
-  finish_tile<float, kRowsPerCta>(p, smem_base, row0);
+  finish_tile<float, kRowsPerCta, kBPad>(p, smem_base, received, row0);
 }
 
 // ---------------------------------------------------------------- host side
@@ -692,6 +788,7 @@ inline SkinnyParams make_params(const ForwardProblem& p, int slice_len) {
   auto stride_ok = [&](int64_t stride, int64_t extent) {
     return extent <= 1 || (stride * esize) % 16 == 0;
   };
+  s.out_vectorized = is_aligned(p.out, 4 * esize) && p.out_features % 4 == 0;
   s.x_vectorized = is_aligned(p.x, 16) && (p.shard_width % vec == 0) &&
                    stride_ok(p.x_stride_shard, p.num_shards) &&
                    stride_ok(p.x_stride_outer, p.batch_outer) &&
@@ -734,12 +831,16 @@ inline void launch_skinny(const char* family, int smem, const LaunchPlan& plan, 
   launch(kKernel, args...);
 }
 
-template <auto kKernel, int kRowsPerCta, int kChunk, int kSmem>
+// The shared memory a launch asks for depends on its split (a cluster's slots: PartialLayout), so
+// the kernel opts in to the largest first.
+template <auto kKernel, typename Cfg>
 inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
-  const LaunchPlan plan = plan_launch(p, kRowsPerCta, kChunk, [&](int slices) {
-    return resident_cluster_ctas<kKernel>(kSmem, slices, "skinny");
+  opt_in_shared_memory<kKernel>(Cfg::shared_bytes(kMaxClusterSlices), "skinny");
+  const LaunchPlan plan = plan_launch(p, Cfg::kRowsPerCta, Cfg::kChunk, [&](int slices) {
+    return resident_cluster_ctas<kKernel>(Cfg::shared_bytes(slices), slices, "skinny");
   });
-  launch_skinny<kKernel>("skinny", kSmem, plan, stream, /*programmatic=*/false, make_params(p, plan.slice_len));
+  launch_skinny<kKernel>("skinny", Cfg::shared_bytes(plan.slices), plan, stream, /*programmatic=*/false,
+                         make_params(p, plan.slice_len));
 }
 
 template <typename T>
@@ -748,8 +849,7 @@ inline void launch_mma(const ForwardProblem& p, cudaStream_t stream) {
   const int n_tiles = rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
 #define VGA_SKINNY_MMA_CASE(NT)                                                            \
   case NT:                                                                                 \
-    plan_and_launch<skinny_mma_kernel<T, NT>, MmaConfig<NT>::kRowsPerCta, MmaConfig<NT>::kChunk, \
-                    MmaConfig<NT>::kSmem>(p, stream);                                         \
+    plan_and_launch<skinny_mma_kernel<T, NT>, MmaConfig<NT>>(p, stream);                  \
     break;
   switch (n_tiles) {
     VGA_SKINNY_MMA_CASE(1)
@@ -765,11 +865,9 @@ inline void launch_fp32(const ForwardProblem& p, cudaStream_t stream) {
   STD_TORCH_CHECK(p.rows() <= kMaxFp32Rows, "vga skinny: fp32 with more than ", kMaxFp32Rows,
                   " rows reached the launch (skinny_refusal refuses it)");
   if (p.rows() <= 8) {
-    plan_and_launch<skinny_fp32_kernel<8>, SimtConfig<8>::kRowsPerCta, SimtConfig<8>::kChunk,
-                    SimtConfig<8>::kSmem>(p, stream);
+    plan_and_launch<skinny_fp32_kernel<8>, SimtConfig<8>>(p, stream);
   } else {
-    plan_and_launch<skinny_fp32_kernel<16>, SimtConfig<16>::kRowsPerCta, SimtConfig<16>::kChunk,
-                    SimtConfig<16>::kSmem>(p, stream);
+    plan_and_launch<skinny_fp32_kernel<16>, SimtConfig<16>>(p, stream);
   }
 }
 

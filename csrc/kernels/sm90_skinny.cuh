@@ -23,8 +23,9 @@
 //   * Warp 8 is the producer (one thread issues TMA); warps 0-7 consume and release each stage
 //     through a full/empty mbarrier ring.
 //   * Split-K over a thread-block cluster exactly as `skinny` does it (same launch plan, same
-//     deterministic DSMEM reduction of the fp32 partial tiles, same epilogue: + bias, coalesced
-//     stores along K), because K / 128 alone rarely fills 132 SMs at decode sizes.
+//     deterministic reduction of the fp32 partial tiles, each CTA's rows sent to their owner by
+//     bulk copies, same epilogue: + bias, coalesced stores along K), because K / 128 alone rarely
+//     fills 132 SMs at decode sizes. The tile and its slots reuse the ring.
 //
 // Refused (see sm90_skinny_refusal): anything sm90_gemm refuses (dtype not fp16/bf16, not
 // Hopper, H % 8, 16-byte alignment of x and W and their strides, sizes >= 2^31), more than 64
@@ -53,12 +54,13 @@ template <int kN>
 struct Config {
   static constexpr int kXTileBytes = kN * kBlockK * 2;
   static constexpr int kStageBytes = kWTileBytes + kXTileBytes;
-  static constexpr int kBarrierBytes = 2 * 8 * sizeof(uint64_t);  // room for up to 8 stages
+  // room for up to 8 stages' full and empty barriers, and the split-K finish's `received`
+  static constexpr int kBarrierBytes = (2 * 8 + 1) * sizeof(uint64_t);
   static constexpr int kStages = (kSharedBudget - kSwizzleAlignment - kBarrierBytes) / kStageBytes;
   static constexpr int kSharedBytes = kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes;
-  static constexpr int kPartialBytes = kN * (kBlockRows + 4) * 4;  // fp32 [kN][kBlockRows + 4]
+  using Partial = skinny_detail::PartialLayout<kBlockRows, kN>;
   static_assert(kStages >= 2 && kStages <= 8, "stage count out of range");
-  static_assert(kPartialBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
+  static_assert(Partial::kExchangeBytes <= kStages * kStageBytes, "the partial tile and its slots reuse the stages");
   static_assert(kXTileBytes % kSwizzleAlignment == 0, "x tiles stay 1024-byte aligned");
 };
 
@@ -90,6 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* x_tiles = shared + Cfg::kStages * kWTileBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Cfg::kStages * Cfg::kStageBytes);
   uint64_t* empty = full + Cfg::kStages;
+  uint64_t* received = full + 16;  // (after room for 8 stages' full and empty barriers)
 
   const int row0 = blockIdx.y * kBlockRows;
   const int first_kblock = blockIdx.x * args.kblocks_per_slice;
@@ -101,6 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], kConsumerThreads / 32);  // one arrival per consumer warp
     }
+    if (gridDim.x > 1) mbarrier_init(received, 1);  // the split-K finish's (skinny.cuh)
     fence_barrier_init();
   }
   __syncthreads();
@@ -188,8 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // every stage is consumed: the ring becomes the partial tile
   wait_for_previous_grid();  // (every thread, before the stores)
 
-  // Partial tile, transposed: partial[b][row], ld = kBlockRows + 4 (conflict-free writes).
-  constexpr int kLd = kBlockRows + 4;
+  // Partial tile, transposed (batch rows by out-features), in skinny's PartialLayout order.
+  const typename Cfg::Partial layout(gridDim.x);
   float* partial = reinterpret_cast<float*>(shared);
   if (warp < kConsumerThreads / 32) {
     const int lane = threadIdx.x % 32;
@@ -201,10 +205,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int b = j * 8 + 2 * (lane % 4) + e;
-          partial[b * kLd + row + 8 * half] = acc[4 * j + 2 * half + e];
+          partial[layout.offset(b, row + 8 * half)] = acc[4 * j + 2 * half + e];
         }
   }
-  skinny_detail::finish_tile<Element, kBlockRows, kThreads>(args.epilogue, smem_address(partial), row0);
+  skinny_detail::finish_tile<Element, kBlockRows, kN, kThreads>(args.epilogue, smem_address(partial), received, row0);
 #else
   __trap();
 #endif
