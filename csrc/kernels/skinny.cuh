@@ -380,7 +380,8 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
 #ifdef VGA_SM90A_DEVICE
   const int rank = blockIdx.x;
   sm90::fence_proxy_async_shared();  // this thread's writes of the tile, for the copies that read it
-  sm90::cluster_arrive_relaxed();    // (publishes nothing: the tiles travel by the copies)
+  __syncthreads();                   // and for this CTA's own reads of its rows (a relaxed arrival orders none)
+  sm90::cluster_arrive_relaxed();    // (publishes nothing to the peers: the tiles travel by the copies)
   sm90::cluster_wait();
   const uint32_t block_bytes = 4 * static_cast<uint32_t>(layout.block(1));
   const uint32_t rows_bytes = 4 * static_cast<uint32_t>(p.rows * layout.ld);  // the batch rows that exist
