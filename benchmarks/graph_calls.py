@@ -79,7 +79,8 @@ def main() -> int:
     parser.add_argument("--rows", required=True, type=M.parse_counts)
     parser.add_argument("--kinds", default=("fwd",), type=lambda s: tuple(s.split(",")),
                         help="products to time: fwd, gx, gw, bwd, gx+gw (default fwd)")
-    parser.add_argument("--config", help="forced family / core configuration (default: sm90_gemm, for fp32 sm90_tf32x3)")
+    parser.add_argument("--config", help="forced family / core configuration (default: sm90_gemm, for fp32 sm90_tf32x3; "
+                                         "the dispatcher's own choice at <= 64 rows is sm90_skinny: name it there)")
     parser.add_argument("--cublas", action="store_true", help="time cuBLAS on a pre-concatenated input instead")
     parser.add_argument("--dtype", default="bf16", choices=DTYPES)
     parser.add_argument("--producer", action="store_true",
@@ -101,6 +102,9 @@ def main() -> int:
     if not args.cublas and not info.kernels_loaded:
         print(f"graph_calls.py: the CUDA kernels are not loaded ({info.error})", file=sys.stderr)
         return 1
+    if args.config is None and not args.cublas and min(args.rows) <= 64:
+        print(f"graph_calls.py: timing {DEFAULT_CONFIG[args.dtype]} (the default --config) at <= 64 rows, where the "
+              "dispatcher runs sm90_skinny (bf16 / fp16) or skinny; --config sm90_skinny times that", file=sys.stderr)
     args.config = args.config or DEFAULT_CONFIG[args.dtype]
     label = "cublas" if args.cublas else args.config
     timer = H.GpuTimer() if args.timing == "flushed" else None
