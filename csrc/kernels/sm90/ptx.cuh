@@ -52,7 +52,12 @@ __device__ __forceinline__ void cluster_sync() {
 //  * after fence_barrier_init, which publishes the barriers' initialisation itself (CUTLASS's
 //    cluster_arrive_relaxed);
 //  * where a CTA waits for its peers to finish reading its shared memory before it exits: their
-//    reads are done when they arrive, since each value read is used by a store issued before it.
+//    reads are done when they arrive, since each value read is used by a store issued before it;
+//  * around the split-K sums whose partial rows travel by bulk copies (the core's in-cluster sum,
+//    the decode families' finish): the copies complete on the receiver's mbarrier, which makes
+//    their bytes visible; the barriers only say that every ring may receive, and that every copy
+//    out of a CTA has landed before it exits. (A CTA's own rows, read by its other threads, need a
+//    CTA-wide barrier besides.)
 __device__ __forceinline__ void cluster_sync_relaxed() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait.acquire;" ::: "memory");
