@@ -284,20 +284,10 @@ struct PartialLayout {
 template <typename T>
 __device__ __forceinline__ void store_four(T* out, const float (&v)[4]) {
   if constexpr (sizeof(T) == 4) {
-    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
-                 : "memory");
+    sm90::store_global_16_bytes(out, __float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
+                                __float_as_uint(v[3]));
   } else {
-    uint32_t bits[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const T h = from_acc<T>(v[e]);
-      uint16_t u;
-      memcpy(&u, &h, 2);
-      bits[e] = u;
-    }
-    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(out), "r"(bits[0] | (bits[1] << 16)),
-                 "r"(bits[2] | (bits[3] << 16))
-                 : "memory");
+    sm90::store_global_8_bytes(out, sm90::pack_pair<T>(v[0], v[1]), sm90::pack_pair<T>(v[2], v[3]));
   }
 }
 
@@ -323,8 +313,8 @@ __device__ __forceinline__ void sum_rank_rows(const SkinnyParams& p, uint32_t pa
   uint32_t source[kSlices];  // slice q's block of this rank's rows
 #pragma unroll
   for (int q = 0; q < kSlices; ++q) {
-    const int slot = q < rank ? q : q - 1;  // the peers' slots, in rank order
-    source[q] = partial + 4 * static_cast<uint32_t>(q == rank ? layout.block(rank) : layout.block(kSlices + slot));
+    source[q] = partial + 4 * static_cast<uint32_t>(q == rank ? layout.block(rank)
+                                                               : layout.block(kSlices + sm90::cluster_slot(q, rank)));
   }
   for (int b = static_cast<int>(threadIdx.x) / quads; b < p.rows; b += kThreadCount / quads) {
     const uint32_t offset = 4 * static_cast<uint32_t>(b * layout.ld + 4 * quad);
@@ -354,9 +344,9 @@ __device__ __forceinline__ void sum_rank_rows(const SkinnyParams& p, uint32_t pa
 }
 
 // Sum the S partial tiles (S = gridDim.x, the CTAs of one cluster; 1 = this CTA alone), add the
-// bias, convert, store. `partial` is the tile in `layout`'s order, written by every thread before
-// the call, with room for the slots after it (PartialLayout::bytes(S)); CTA rank q finishes its
-// rows, out-features q * R / S .. + R / S - 1 of the tile.
+// bias, convert, store. `partial` is the tile in `layout`'s order (the kernel's, for gridDim.x
+// slices), written by every thread before the call, with room for the slots after it
+// (PartialLayout::bytes(S)); CTA rank q finishes its rows, out-features q * R / S .. + R / S - 1.
 // In a cluster the rows travel by bulk copies into their owner's slots: once every CTA's tile is
 // written and fenced for the async proxy and every CTA's ring is free (one relaxed cluster barrier),
 // thread 0 sends each peer its block with one cp.async.bulk, completing on the peer's `received`
@@ -369,9 +359,9 @@ __device__ __forceinline__ void sum_rank_rows(const SkinnyParams& p, uint32_t pa
 // Every thread of the CTA (kThreadCount of them) takes part; only the epilogue fields of `p`
 // (out, bias, bias_stride, rows, out_features, out_vectorized) are read.
 template <typename T, int kRowsPerCta, int kBPad, int kThreadCount = kThreads>
-__device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t partial, uint64_t* received, int row0) {
+__device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t partial,
+                                            const PartialLayout<kRowsPerCta, kBPad>& layout, uint64_t* received, int row0) {
   const int slices = gridDim.x;
-  const PartialLayout<kRowsPerCta, kBPad> layout(slices);
   if (slices == 1) {
     __syncthreads();
     sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 1>(p, partial, layout, row0, 0);
@@ -386,13 +376,7 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
   const uint32_t block_bytes = 4 * static_cast<uint32_t>(layout.block(1));
   const uint32_t rows_bytes = 4 * static_cast<uint32_t>(p.rows * layout.ld);  // the batch rows that exist
   if (threadIdx.x == 0) {
-    sm90::mbarrier_arrive_expect_tx(received, (slices - 1) * rows_bytes);
-    for (int q = 0; q < slices; ++q) {
-      if (q == rank) continue;
-      const int slot = rank < q ? rank : rank - 1;  // this rank's slot at q
-      sm90::bulk_copy_to_cluster_cta(partial + (slices + slot) * block_bytes, partial + q * block_bytes, rows_bytes,
-                                     sm90::smem_address(received), q);
-    }
+    sm90::send_rows_to_peers(received, partial, partial + slices * block_bytes, block_bytes, rows_bytes, rank, slices);
   }
   sm90::mbarrier_wait(received, 0);  // (one tile a cluster: the barrier's first phase)
   sm90::cluster_arrive_relaxed();    // this CTA's rows have landed
@@ -576,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_mma_kernel(const SkinnyPar
     partial[layout.offset(b, row + 8)] = acc[nt][2];
     partial[layout.offset(b + 1, row + 8)] = acc[nt][3];
   }
-  finish_tile<T, kRowsPerCta, kBPad>(p, smem_base, received, row0);
+  finish_tile<T, kRowsPerCta, kBPad>(p, smem_base, layout, received, row0);
 }
 
 // ---------------------------------------------------------------- fp32: SIMT FFMA
@@ -715,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_fp32_kernel(const SkinnyPa
     const int b = flat - r * kBPad;
     partial[layout.offset(b, warp * kRows + r)] = v[i];
   }
-  finish_tile<float, kRowsPerCta, kBPad>(p, smem_base, received, row0);
+  finish_tile<float, kRowsPerCta, kBPad>(p, smem_base, layout, received, row0);
 }
 
 // ---------------------------------------------------------------- host side

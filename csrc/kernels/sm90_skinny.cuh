@@ -208,7 +208,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           partial[layout.offset(b, row + 8 * half)] = acc[4 * j + 2 * half + e];
         }
   }
-  skinny_detail::finish_tile<Element, kBlockRows, kN, kThreads>(args.epilogue, smem_address(partial), received, row0);
+  skinny_detail::finish_tile<Element, kBlockRows, kN, kThreads>(args.epilogue, smem_address(partial), layout, received,
+                                                               row0);
 #else
   __trap();
 #endif

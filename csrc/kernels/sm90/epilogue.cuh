@@ -277,17 +277,7 @@ __device__ __forceinline__ void sum_slices(const float* partial, uint64_t* recei
   constexpr int kBatch = largest_divisor_at_most(kChunksPerThread, std::max(1, 8 / kSlices));
   const uint32_t partial_base = smem_address(partial);
   const uint32_t slots_base = partial_base + PartialTile<kBlockN>::kBytes;
-  // slot of `sender`'s rows at `receiver`: the other ranks in order
-  auto slot_of = [](int sender, int receiver) { return sender < receiver ? sender : sender - 1; };
-  if (thread == 0) {
-    mbarrier_arrive_expect_tx(received, (kSlices - 1) * kSlotBytes);
-    for (int q = 0; q < kSlices; ++q) {
-      if (q != rank) {
-        bulk_copy_to_cluster_cta(slots_base + slot_of(rank, q) * kSlotBytes, partial_base + q * kSlotBytes, kSlotBytes,
-                                 smem_address(received), q);
-      }
-    }
-  }
+  if (thread == 0) send_rows_to_peers(received, partial_base, slots_base, kSlotBytes, kSlotBytes, rank, kSlices);
   mbarrier_wait(received, 0);  // (one tile a cluster: the barrier's first phase)
   const int64_t column0 = static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0;
   const int columns_left = a.n_group_width - c.n0;
@@ -307,7 +297,7 @@ __device__ __forceinline__ void sum_slices(const float* partial, uint64_t* recei
 #pragma unroll
         for (int q = 0; q < kSlices; ++q) {
           part[b][q] = load_shared_float4((q == rank ? partial_base + rank * kSlotBytes
-                                                     : slots_base + slot_of(q, rank) * kSlotBytes) + offset);
+                                                     : slots_base + cluster_slot(q, rank) * kSlotBytes) + offset);
         }
       }
     }

@@ -100,6 +100,34 @@ __device__ __forceinline__ void allow_next_grid() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// Two fp32 values rounded to the element type and packed into one 32-bit word (low = first).
+template <typename Element>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t pack_pair<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <>
+__device__ __forceinline__ uint32_t pack_pair<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void store_global_8_bytes(void* dst, uint32_t a, uint32_t b) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(a), "r"(b) : "memory");
+}
+
+__device__ __forceinline__ void store_global_16_bytes(void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// The slot of `sender`'s rows at `receiver` in a split-K exchange (send_rows_to_peers): the other
+// ranks in order.
+__device__ __forceinline__ int cluster_slot(int sender, int receiver) { return sender < receiver ? sender : sender - 1; }
 #endif
 
 #ifdef VGA_SM90A_DEVICE
@@ -190,6 +218,25 @@ __device__ __forceinline__ void bulk_copy_to_cluster_cta(uint32_t dst, uint32_t 
       "}\n" ::"r"(dst),
       "r"(src), "r"(bytes), "r"(bar), "r"(cta_rank)
       : "memory");
+}
+
+// A split-K sum's exchange in a cluster of `slices` CTAs (the core's in-cluster sum, the decode
+// families' finish): each CTA's partial tile holds, at `blocks` + q * `stride`, the rows rank q
+// sums, and receives its peers' rows of its own in S - 1 slots at `slots` + slot * `stride`, the
+// peers in rank order (cluster_slot). Thread 0 of each CTA calls this once: it expects the peers'
+// `bytes` each on its own `received` barrier and sends each peer its block, completing on the
+// peer's. The tiles' writes must be fenced for the async proxy, and every ring free to receive (a
+// cluster barrier), before; the caller waits on `received` (its first phase: one tile a cluster).
+
+__device__ __forceinline__ void send_rows_to_peers(uint64_t* received, uint32_t blocks, uint32_t slots, uint32_t stride,
+                                                   uint32_t bytes, int rank, int slices) {
+  mbarrier_arrive_expect_tx(received, (slices - 1) * bytes);
+  for (int q = 0; q < slices; ++q) {
+    if (q != rank) {
+      bulk_copy_to_cluster_cta(slots + cluster_slot(rank, q) * stride, blocks + q * stride, bytes, smem_address(received),
+                               q);
+    }
+  }
 }
 
 __device__ __forceinline__ uint32_t cluster_cta_rank() {
@@ -443,30 +490,6 @@ __device__ __forceinline__ void load_matrix_x4(uint32_t (&v)[4], uint32_t addres
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
                : "r"(address));
-}
-
-// Two fp32 values rounded to the element type and packed into one 32-bit word (low = first).
-template <typename Element>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi);
-
-template <>
-__device__ __forceinline__ uint32_t pack_pair<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-template <>
-__device__ __forceinline__ uint32_t pack_pair<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void store_global_8_bytes(void* dst, uint32_t a, uint32_t b) {
-  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(a), "r"(b) : "memory");
-}
-
-__device__ __forceinline__ void store_global_16_bytes(void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
 #endif  // VGA_SM90A_DEVICE
