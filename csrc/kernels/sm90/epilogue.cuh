@@ -255,8 +255,8 @@ constexpr int largest_divisor_at_most(int count, int limit) {
 // the slices' partial tiles in slice order, + bias, stored as Element (8-byte stores of 4 columns
 // where the row allows). `thread` counts the consumer threads (kConsumerThreads of them). Every
 // CTA's partial tile is staged and fenced for the async proxy, and every CTA's ring is free to
-// receive (a cluster barrier), before; the peers' partial tiles stay until every CTA is done
-// (another one).
+// receive (a cluster barrier), before; the peers' partial tiles stay until every CTA's rows have
+// landed (the exit barrier: its consumers arrive here, the wait is the kernel's).
 // The rows travel by bulk copies: this CTA's thread 0 pushes each peer's rows of its partial tile
 // into that peer's slot for this rank, completing on the peer's `received` barrier, and waits on
 // its own for theirs. So no thread publishes its tile with a release (a cluster-scope release is a
@@ -279,6 +279,10 @@ __device__ __forceinline__ void sum_slices(const float* partial, uint64_t* recei
   const uint32_t slots_base = partial_base + PartialTile<kBlockN>::kBytes;
   if (thread == 0) send_rows_to_peers(received, partial_base, slots_base, kSlotBytes, kSlotBytes, rank, kSlices);
   mbarrier_wait(received, 0);  // (one tile a cluster: the barrier's first phase)
+  // This CTA's rows have landed: its consumers' arrival at the exit barrier (relaxed: it publishes
+  // nothing), whose wait is the kernel's last step, so the barrier's round trip and the slices' uneven
+  // sums overlap instead of adding up.
+  cluster_arrive_relaxed();
   const int64_t column0 = static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0;
   const int columns_left = a.n_group_width - c.n0;
   Element* out = static_cast<Element*>(a.out) + (kScatter ? 0 : column0);

@@ -752,10 +752,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  // With the split in the cluster, no CTA leaves while a bulk copy may still read its partial tile
-  // (a peer arrives here once all its rows have landed); paired CTAs are held by their producer's
-  // wait on the last stages instead.
-  if constexpr (kInCluster) cluster_sync_relaxed();
+  // With the split in the cluster, no CTA leaves while a bulk copy may still read its partial tile:
+  // the exit barrier, at which the consumers arrived once their CTA's rows had landed (sum_slices)
+  // and the producers arrive now; paired CTAs are held by their producer's wait on the last stages
+  // instead.
+  if constexpr (kInCluster) {
+    if (warpgroup == 0) cluster_arrive_relaxed();
+    cluster_wait();
+  }
   // A grid that overlapped the previous one completes only after it, so that the kernels after
   // this one, which wait for this grid alone, see that one's outputs too.
   if (args.overlaps_previous_grid) wait_for_previous_grid();
