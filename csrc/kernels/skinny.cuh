@@ -291,24 +291,45 @@ __device__ __forceinline__ void store_four(T* out, const float (&v)[4]) {
   }
 }
 
-// CTA `rank`'s out-features of the tile, summed over the kSlices blocks in slice order (its own
-// from its tile, the peers' from its slots), + bias, stored. A thread takes 4 consecutive
-// out-features (one 16-byte load a slice, neighbouring threads on neighbouring features: the
-// stores are coalesced along K) and every (threads / (R / S / 4))-th batch row.
-template <typename T, int kRowsPerCta, int kBPad, int kThreadCount, int kSlices>
-__device__ __forceinline__ void sum_rank_rows(const SkinnyParams& p, uint32_t partial,
-                                              const PartialLayout<kRowsPerCta, kBPad>& layout, int row0, int rank) {
-  const int quads = layout.rank_rows / 4;  // divides kThreadCount (<= 32 quads)
-  const int quad = static_cast<int>(threadIdx.x) % quads;
-  const int n = row0 + rank * layout.rank_rows + 4 * quad;
-  if (n >= p.out_features) return;
+// The 4 consecutive out-features a thread finishes (n .. n + 3, of CTA `rank`'s R / S) and their
+// bias, which finish_tile loads before the exchange so that the load's latency overlaps it (ncu,
+// NOTES run 144: loaded after it, the bias's wait was 3-8% of a decode call's stall samples).
+struct FinishColumns {
+  int quad;  // which 4 of the rank's out-features
+  int n;     // the first one's index in the output
+  float bias[4];
+};
+
+template <typename T, int kRowsPerCta, int kBPad>
+__device__ __forceinline__ FinishColumns finish_columns(const SkinnyParams& p,
+                                                        const PartialLayout<kRowsPerCta, kBPad>& layout, int row0,
+                                                        int rank) {
+  FinishColumns c;
+  c.quad = static_cast<int>(threadIdx.x) % (layout.rank_rows / 4);
+  c.n = row0 + rank * layout.rank_rows + 4 * c.quad;
   const T* bias = static_cast<const T*>(p.bias);
-  float bias4[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    bias4[e] = bias != nullptr && n + e < p.out_features ? to_acc<float>(bias[static_cast<int64_t>(n + e) * p.bias_stride])
-                                                         : 0.f;
+    c.bias[e] = bias != nullptr && c.n + e < p.out_features
+                    ? to_acc<float>(bias[static_cast<int64_t>(c.n + e) * p.bias_stride])
+                    : 0.f;
   }
+  return c;
+}
+
+// CTA `rank`'s out-features of the tile, summed over the kSlices blocks in slice order (its own
+// from its tile, the peers' from its slots), + bias, stored. A thread takes 4 consecutive
+// out-features (`columns`: one 16-byte load a slice, neighbouring threads on neighbouring features:
+// the stores are coalesced along K) and every (threads / (R / S / 4))-th batch row.
+template <typename T, int kRowsPerCta, int kBPad, int kThreadCount, int kSlices>
+__device__ __forceinline__ void sum_rank_rows(const SkinnyParams& p, uint32_t partial,
+                                              const PartialLayout<kRowsPerCta, kBPad>& layout,
+                                              const FinishColumns& columns, int rank) {
+  const int quads = layout.rank_rows / 4;  // divides kThreadCount (<= 32 quads)
+  const int quad = columns.quad;
+  const int n = columns.n;
+  if (n >= p.out_features) return;
+  const float(&bias4)[4] = columns.bias;
   const bool vector = p.out_vectorized && n + 4 <= p.out_features;
   uint32_t source[kSlices];  // slice q's block of this rank's rows
 #pragma unroll
@@ -362,13 +383,14 @@ template <typename T, int kRowsPerCta, int kBPad, int kThreadCount = kThreads>
 __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t partial,
                                             const PartialLayout<kRowsPerCta, kBPad>& layout, uint64_t* received, int row0) {
   const int slices = gridDim.x;
+  const int rank = static_cast<int>(blockIdx.x);
+  const FinishColumns columns = finish_columns<T>(p, layout, row0, rank);
   if (slices == 1) {
     __syncthreads();
-    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 1>(p, partial, layout, row0, 0);
+    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 1>(p, partial, layout, columns, 0);
     return;
   }
 #ifdef VGA_SM90A_DEVICE
-  const int rank = blockIdx.x;
   sm90::fence_proxy_async_shared();  // this thread's writes of the tile, for the copies that read it
   __syncthreads();                   // and for this CTA's own reads of its rows (a relaxed arrival orders none)
   sm90::cluster_arrive_relaxed();    // (publishes nothing to the peers: the tiles travel by the copies)
@@ -381,11 +403,11 @@ __device__ __forceinline__ void finish_tile(const SkinnyParams& p, uint32_t part
   sm90::mbarrier_wait(received, 0);  // (one tile a cluster: the barrier's first phase)
   sm90::cluster_arrive_relaxed();    // this CTA's rows have landed
   if (slices == 2) {
-    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 2>(p, partial, layout, row0, rank);
+    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 2>(p, partial, layout, columns, rank);
   } else if (slices == 4) {
-    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 4>(p, partial, layout, row0, rank);
+    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 4>(p, partial, layout, columns, rank);
   } else {
-    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 8>(p, partial, layout, row0, rank);
+    sum_rank_rows<T, kRowsPerCta, kBPad, kThreadCount, 8>(p, partial, layout, columns, rank);
   }
   sm90::cluster_wait();  // every CTA's rows have landed: no copy still reads this CTA's tile
 #else
