@@ -734,12 +734,25 @@ struct LaunchPlan {
 
 // Cluster split S in {1, 2, 4, 8}. A cluster must fit inside one GPC, so clusters of 4 or 8
 // CTAs that each fill an SM can leave SMs idle (measured on the H200 for 1-CTA/SM kernels: 66
-// clusters of 2 = 132 CTAs, but 30 of 4 = 120 and 15 of 8 = 120): `resident_ctas(S)` says how
-// many CTAs fit at once (0: S unusable). Take the smallest S whose parallelism per wave,
-// CTAs / waves, reaches ~90% of the SMs; else the S with the most.
-template <typename ResidentCtas>
-inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chunk,
-                              ResidentCtas resident_ctas) {
+// clusters of 2 = 132 CTAs, but 30 of 4 = 120 and 15 of 8 = 120): `resident(S)` says how many
+// CTAs fit at once (.ctas; 0: S unusable) and how many of them one to an SM (.one_per_sm). Take
+// the smallest S whose parallelism per wave, CTAs / waves, reaches ~90% of the SMs; else the S
+// with the most. An S whose CTAs would share SMs is not taken when its slices are shorter than
+// kMinDoubledSliceChunks: a doubled SM carries two CTAs' bytes and pays their ramps and exchanges,
+// which a short slice does not amortise (forced S on an H100, sm90_skinny, K = 2560-5120 x R*H =
+// 3072 / 4096 at 1-64 rows, NOTES run 145: with 6, 8 and 12 k-blocks a CTA and more CTAs than run one
+// an SM the smaller S, one an SM, took 0.89-1.00x at 1-64 rows (12-block slices at 64 rows:
+// 0.99-1.02x); with 16-20 k-blocks it took 0.96-1.05x, faster at 1-32 rows and slower at 64: the
+// SMs a call needs grow with its rows, which this rule does not model).
+constexpr int64_t kMinDoubledSliceChunks = 16;
+
+struct ClusterResidency {
+  int64_t ctas;        // CTAs resident at once as clusters of S (0: S unusable)
+  int64_t one_per_sm;  // of those, how many run one to an SM
+};
+
+template <typename Residency>
+inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chunk, Residency resident) {
   LaunchPlan plan;
   const int64_t k = p.out_features;
   const int64_t n = p.reduction();
@@ -754,8 +767,9 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
   double best = -1.0;
   for (int s = 1; s <= max_slices; s *= 2) {
     const int64_t ctas = static_cast<int64_t>(plan.row_tiles) * s;
-    const int64_t cap = resident_ctas(s);
-    if (cap <= 0) continue;
+    const ClusterResidency fit = resident(s);
+    const int64_t cap = fit.ctas;
+    if (cap <= 0 || (ctas > fit.one_per_sm && (chunks + s - 1) / s < kMinDoubledSliceChunks)) continue;
     const int64_t waves = (ctas + cap - 1) / cap;
     const double per_wave = static_cast<double>(ctas) / static_cast<double>(waves);
     if (per_wave >= want) {
@@ -803,29 +817,41 @@ inline SkinnyParams make_params(const ForwardProblem& p, int slice_len) {
   return s;
 }
 
-// CTAs of kKernel resident at once as clusters of `slices` (cudaOccupancyMaxActiveClusters,
-// asked once per kernel, device and cluster size). slices == 1: no limit that matters (extra
-// CTAs form later waves, counted by the caller's own arithmetic only through waves = 1).
+// CTAs of kKernel resident at once as clusters of `slices` (cudaOccupancyMaxActiveClusters) and,
+// over the CTAs an SM holds (cudaOccupancyMaxActiveBlocksPerMultiprocessor), how many of them one
+// to an SM; asked once per kernel, device and cluster size. slices == 1: no limit that matters
+// (extra CTAs form later waves, counted by the caller's own arithmetic only through waves = 1).
 template <auto kKernel, int kThreadCount = kThreads>
-inline int64_t resident_cluster_ctas(int smem, int slices, const char* family) {
-  if (slices <= 1) return int64_t(1) << 40;
-  static int cache[64][4] = {};  // [device][log2 slices]: 0 unknown, -1 query failed, else clusters
+inline ClusterResidency resident_cluster_ctas(int smem, int slices, const char* family) {
+  constexpr int64_t kUnlimited = int64_t(1) << 40;
+  if (slices <= 1) return {kUnlimited, kUnlimited};
+  static int cache[64][4][2] = {};  // [device][log2 slices]: {clusters, CTAs an SM}; 0 unknown, -1 query failed
   int device = 0;
   cudaGetDevice(&device);
   const int slot = slices == 2 ? 1 : slices == 4 ? 2 : 3;
-  int clusters = (device >= 0 && device < 64) ? cache[device][slot] : 0;
+  int clusters = 0;
+  int per_sm = 0;
+  if (device >= 0 && device < 64) {
+    clusters = cache[device][slot][0];
+    per_sm = cache[device][slot][1];
+  }
   if (clusters == 0) {
     opt_in_shared_memory<kKernel>(smem, family);
     KernelLaunch launch(dim3(slices, 1, 1), kThreadCount, smem, nullptr, slices, false);
     if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &launch.config) != cudaSuccess ||
-        clusters <= 0) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreadCount, smem) != cudaSuccess ||
+        clusters <= 0 || per_sm <= 0) {
       cudaGetLastError();  // the query's failure is not the caller's error
-      clusters = -1;
+      clusters = per_sm = -1;
     }
-    if (device >= 0 && device < 64) cache[device][slot] = clusters;
+    if (device >= 0 && device < 64) {
+      cache[device][slot][0] = clusters;
+      cache[device][slot][1] = per_sm;
+    }
   }
-  if (clusters < 0) return slices == 2 ? (int64_t(1) << 40) : 0;  // unknown: pairs only
-  return static_cast<int64_t>(clusters) * slices;
+  if (clusters < 0) return slices == 2 ? ClusterResidency{kUnlimited, kUnlimited} : ClusterResidency{0, 0};  // unknown: pairs only
+  const int64_t ctas = static_cast<int64_t>(clusters) * slices;
+  return {ctas, ctas / per_sm};
 }
 
 // Launch grid (slices, row_tiles) of kThreadCount-thread CTAs, as clusters of `slices` CTAs
