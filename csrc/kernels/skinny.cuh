@@ -825,7 +825,9 @@ template <auto kKernel, int kThreadCount = kThreads>
 inline ClusterResidency resident_cluster_ctas(int smem, int slices, const char* family) {
   constexpr int64_t kUnlimited = int64_t(1) << 40;
   if (slices <= 1) return {kUnlimited, kUnlimited};
-  static int cache[64][4][2] = {};  // [device][log2 slices]: {clusters, CTAs an SM}; 0 unknown, -1 query failed
+  // [device][log2 slices]: {clusters, CTAs an SM}; 0 unknown, -1 query failed. Either field 0 asks
+  // again, so a pair half written by another thread is never used.
+  static int cache[64][4][2] = {};
   int device = 0;
   cudaGetDevice(&device);
   const int slot = slices == 2 ? 1 : slices == 4 ? 2 : 3;
@@ -835,7 +837,7 @@ inline ClusterResidency resident_cluster_ctas(int smem, int slices, const char* 
     clusters = cache[device][slot][0];
     per_sm = cache[device][slot][1];
   }
-  if (clusters == 0) {
+  if (clusters == 0 || per_sm == 0) {
     opt_in_shared_memory<kKernel>(smem, family);
     KernelLaunch launch(dim3(slices, 1, 1), kThreadCount, smem, nullptr, slices, false);
     if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &launch.config) != cudaSuccess ||
@@ -849,7 +851,9 @@ inline ClusterResidency resident_cluster_ctas(int smem, int slices, const char* 
       cache[device][slot][1] = per_sm;
     }
   }
-  if (clusters < 0) return slices == 2 ? ClusterResidency{kUnlimited, kUnlimited} : ClusterResidency{0, 0};  // unknown: pairs only
+  if (clusters < 0 || per_sm < 0) {  // unknown: pairs only
+    return slices == 2 ? ClusterResidency{kUnlimited, kUnlimited} : ClusterResidency{0, 0};
+  }
   const int64_t ctas = static_cast<int64_t>(clusters) * slices;
   return {ctas, ctas / per_sm};
 }
