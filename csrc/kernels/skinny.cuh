@@ -743,8 +743,13 @@ struct LaunchPlan {
 // 3072 / 4096 at 1-64 rows, NOTES run 145: with 6, 8 and 12 k-blocks a CTA and more CTAs than run one
 // an SM the smaller S, one an SM, took 0.89-1.00x at 1-64 rows (12-block slices at 64 rows:
 // 0.99-1.02x); with 16-20 k-blocks it took 0.96-1.05x, faster at 1-32 rows and slower at 64: the
-// SMs a call needs grow with its rows, which this rule does not model).
+// SMs a call needs grow with its rows). Nor at up to kMaxRowsOneCtaPerSm batch rows, whatever the
+// slice: so few rows give a CTA too little MMA work to slow its stream, so the CTAs that run one an
+// SM, half the SMs or more, already stream W as fast as HBM gives it, and a doubled SM only ends the
+// call later (forced S, run 145: with 16-20 k-blocks a slice the smaller S took 0.96-0.99x flushed
+// at 1-16 rows, 0.72-0.84x back to back).
 constexpr int64_t kMinDoubledSliceChunks = 16;
+constexpr int64_t kMaxRowsOneCtaPerSm = 16;
 
 struct ClusterResidency {
   int64_t ctas;        // CTAs resident at once as clusters of S (0: S unusable)
@@ -769,7 +774,10 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
     const int64_t ctas = static_cast<int64_t>(plan.row_tiles) * s;
     const ClusterResidency fit = resident(s);
     const int64_t cap = fit.ctas;
-    if (cap <= 0 || (ctas > fit.one_per_sm && (chunks + s - 1) / s < kMinDoubledSliceChunks)) continue;
+    const bool doubled = ctas > fit.one_per_sm;
+    if (cap <= 0 || (doubled && ((chunks + s - 1) / s < kMinDoubledSliceChunks || p.rows() <= kMaxRowsOneCtaPerSm))) {
+      continue;
+    }
     const int64_t waves = (ctas + cap - 1) / cap;
     const double per_wave = static_cast<double>(ctas) / static_cast<double>(waves);
     if (per_wave >= want) {
