@@ -737,17 +737,19 @@ struct LaunchPlan {
 // clusters of 2 = 132 CTAs, but 30 of 4 = 120 and 15 of 8 = 120): `resident(S)` says how many
 // CTAs fit at once (.ctas; 0: S unusable) and how many of them one to an SM (.one_per_sm). Take
 // the smallest S whose parallelism per wave, CTAs / waves, reaches ~90% of the SMs; else the S
-// with the most. An S whose CTAs would share SMs is not taken when its slices are shorter than
-// kMinDoubledSliceChunks: a doubled SM carries two CTAs' bytes and pays their ramps and exchanges,
-// which a short slice does not amortise (forced S on an H100, sm90_skinny, K = 2560-5120 x R*H =
-// 3072 / 4096 at 1-64 rows, NOTES run 145: with 6, 8 and 12 k-blocks a CTA and more CTAs than run one
-// an SM the smaller S, one an SM, took 0.89-1.00x at 1-64 rows (12-block slices at 64 rows:
-// 0.99-1.02x); with 16-20 k-blocks it took 0.96-1.05x, faster at 1-32 rows and slower at 64: the
-// SMs a call needs grow with its rows). Nor at up to kMaxRowsOneCtaPerSm batch rows, whatever the
-// slice: so few rows give a CTA too little MMA work to slow its stream, so the CTAs that run one an
-// SM, half the SMs or more, already stream W as fast as HBM gives it, and a doubled SM only ends the
-// call later (forced S, run 145: with 16-20 k-blocks a slice the smaller S took 0.96-0.99x flushed
-// at 1-16 rows, 0.72-0.84x back to back).
+// with the most.
+// With `one_cta_per_sm_rules` (sm90_skinny), an S whose CTAs would share SMs is not taken when its
+// slices hold fewer than kMinDoubledSliceChunks k-blocks, nor at up to kMaxRowsOneCtaPerSm batch
+// rows. A doubled SM carries two CTAs' bytes and pays two ramps and exchanges, which a short slice
+// does not amortise; and so few rows leave a CTA's stream unslowed by its MMAs, so the CTAs that
+// run one an SM (half the SMs or more) already stream W at HBM speed. Measured (forced S on an
+// H100, K = 2560-5120 x R*H = 3072 / 4096 at 1-64 rows, NOTES run 145): with 6-12 k-blocks a slice
+// the smaller, one-an-SM S took 0.89-1.00x at 1-64 rows (12-block slices at 64 rows 0.99-1.02x);
+// with 16-20 k-blocks 0.96-0.99x at 1-16 rows, up to 1.05x at 64. Under the rules (run 146) the
+// calls whose plan changed took 0.91-1.00x, one 1.05x. The skinny family keeps S as it was: its CTAs
+// hold a fixed depth of W register loads in flight, so at few rows two CTAs an SM stream faster than
+// one (run 146: the slice rule took its half-type calls 1.04-1.17x at 1-16 rows though 0.88-0.97x at
+// 64, the few-rows rule a further 1.09-1.22x).
 constexpr int64_t kMinDoubledSliceChunks = 16;
 constexpr int64_t kMaxRowsOneCtaPerSm = 16;
 
@@ -757,7 +759,8 @@ struct ClusterResidency {
 };
 
 template <typename Residency>
-inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chunk, Residency resident) {
+inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chunk, bool one_cta_per_sm_rules,
+                              Residency resident) {
   LaunchPlan plan;
   const int64_t k = p.out_features;
   const int64_t n = p.reduction();
@@ -774,7 +777,7 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
     const int64_t ctas = static_cast<int64_t>(plan.row_tiles) * s;
     const ClusterResidency fit = resident(s);
     const int64_t cap = fit.ctas;
-    const bool doubled = ctas > fit.one_per_sm;
+    const bool doubled = one_cta_per_sm_rules && ctas > fit.one_per_sm;
     if (cap <= 0 || (doubled && ((chunks + s - 1) / s < kMinDoubledSliceChunks || p.rows() <= kMaxRowsOneCtaPerSm))) {
       continue;
     }
@@ -881,9 +884,10 @@ inline void launch_skinny(const char* family, int smem, const LaunchPlan& plan, 
 template <auto kKernel, typename Cfg>
 inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
   opt_in_shared_memory<kKernel>(Cfg::shared_bytes(kMaxClusterSlices), "skinny");
-  const LaunchPlan plan = plan_launch(p, Cfg::kRowsPerCta, Cfg::kChunk, [&](int slices) {
-    return resident_cluster_ctas<kKernel>(Cfg::shared_bytes(slices), slices, "skinny");
-  });
+  const LaunchPlan plan =
+      plan_launch(p, Cfg::kRowsPerCta, Cfg::kChunk, /*one_cta_per_sm_rules=*/false, [&](int slices) {
+        return resident_cluster_ctas<kKernel>(Cfg::shared_bytes(slices), slices, "skinny");
+      });
   launch_skinny<kKernel>("skinny", Cfg::shared_bytes(plan.slices), plan, stream, /*programmatic=*/false,
                          make_params(p, plan.slice_len));
 }

@@ -237,7 +237,7 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   args.num_kblocks = args.tail_kblock_begin + static_cast<int>(tail_kblocks);
   // The split: skinny's plan (slices chosen against the clusters that can be resident).
   const skinny_detail::LaunchPlan plan =
-      skinny_detail::plan_launch(p, kBlockRows, kBlockK, [&](int slices) {
+      skinny_detail::plan_launch(p, kBlockRows, kBlockK, /*one_cta_per_sm_rules=*/true, [&](int slices) {
         return skinny_detail::resident_cluster_ctas<kKernel, kThreads>(Cfg::kSharedBytes, slices, "sm90_skinny");
       });
   args.kblocks_per_slice = static_cast<int>(ceil_div(args.num_kblocks, plan.slices));
