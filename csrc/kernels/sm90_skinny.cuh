@@ -235,7 +235,8 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   args.tail_h = static_cast<int>(H - tail);
   const int64_t tail_kblocks = kTailShards > 0 ? ceil_div(p.num_shards, kTailShards) : 0;
   args.num_kblocks = args.tail_kblock_begin + static_cast<int>(tail_kblocks);
-  // The split: skinny's plan (slices chosen against the clusters that can be resident).
+  // The split: skinny's plan (slices chosen against the clusters that can be resident), with the rules
+  // that keep a split from doubling CTAs on SMs where that measured slower (plan_launch).
   const skinny_detail::LaunchPlan plan =
       skinny_detail::plan_launch(p, kBlockRows, kBlockK, /*one_cta_per_sm_rules=*/true, [&](int slices) {
         return skinny_detail::resident_cluster_ctas<kKernel, kThreads>(Cfg::kSharedBytes, slices, "sm90_skinny");
