@@ -740,16 +740,12 @@ struct LaunchPlan {
 // with the most.
 // With `one_cta_per_sm_rules` (sm90_skinny), an S whose CTAs would share SMs is not taken when its
 // slices hold fewer than kMinDoubledSliceChunks k-blocks, nor at up to kMaxRowsOneCtaPerSm batch
-// rows. A doubled SM carries two CTAs' bytes and pays two ramps and exchanges, which a short slice
-// does not amortise; and so few rows leave a CTA's stream unslowed by its MMAs, so the CTAs that
-// run one an SM (half the SMs or more) already stream W at HBM speed. Measured (forced S on an
-// H100, K = 2560-5120 x R*H = 3072 / 4096 at 1-64 rows, NOTES run 145): with 6-12 k-blocks a slice
-// the smaller, one-an-SM S took 0.89-1.00x at 1-64 rows (12-block slices at 64 rows 0.99-1.02x);
-// with 16-20 k-blocks 0.96-0.99x at 1-16 rows, up to 1.05x at 64. Under the rules (run 146) the
-// calls whose plan changed took 0.91-1.00x, one 1.05x. The skinny family keeps S as it was: its CTAs
-// hold a fixed depth of W register loads in flight, so at few rows two CTAs an SM stream faster than
-// one (run 146: the slice rule took its half-type calls 1.04-1.17x at 1-16 rows though 0.88-0.97x at
-// 64, the few-rows rule a further 1.09-1.22x).
+// rows: a doubled SM carries two CTAs' bytes and pays two ramps and exchanges, which a short slice
+// does not amortise, and so few rows leave a CTA's stream unslowed by its MMAs, so the CTAs that run
+// one an SM (half the SMs or more) already stream W at HBM speed (forced S and both rules measured:
+// NOTES runs 145-146). The skinny family plans without them: its CTAs hold a fixed depth of W
+// register loads in flight, so at few rows two CTAs an SM stream faster than one (run 146: the rules
+// took its half-type calls 1.04-1.22x at 1-16 rows).
 constexpr int64_t kMinDoubledSliceChunks = 16;
 constexpr int64_t kMaxRowsOneCtaPerSm = 16;
 
@@ -764,8 +760,8 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
   LaunchPlan plan;
   const int64_t k = p.out_features;
   const int64_t n = p.reduction();
-  plan.row_tiles = static_cast<int>((k + rows_per_cta - 1) / rows_per_cta);
-  const int64_t chunks = (n + chunk - 1) / chunk;
+  plan.row_tiles = static_cast<int>(ceil_div(k, rows_per_cta));
+  const int64_t chunks = ceil_div(n, chunk);
   // Clusters only where the sm_90a code runs (Hopper): any other GPU runs the compute_80 PTX,
   // which has no cluster barrier or DSMEM, so each CTA would sum only its own partial tile.
   int max_slices = p.cc_major == 9 ? kMaxClusterSlices : 1;
@@ -778,10 +774,10 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
     const ClusterResidency fit = resident(s);
     const int64_t cap = fit.ctas;
     const bool doubled = one_cta_per_sm_rules && ctas > fit.one_per_sm;
-    if (cap <= 0 || (doubled && ((chunks + s - 1) / s < kMinDoubledSliceChunks || p.rows() <= kMaxRowsOneCtaPerSm))) {
-      continue;
-    }
-    const int64_t waves = (ctas + cap - 1) / cap;
+    const bool doubled_loses =
+        doubled && (ceil_div(chunks, s) < kMinDoubledSliceChunks || p.rows() <= kMaxRowsOneCtaPerSm);
+    if (cap <= 0 || doubled_loses) continue;
+    const int64_t waves = ceil_div(ctas, cap);
     const double per_wave = static_cast<double>(ctas) / static_cast<double>(waves);
     if (per_wave >= want) {
       slices = s;
@@ -793,7 +789,7 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
     }
   }
   plan.slices = slices;
-  const int64_t chunks_per_slice = (chunks + slices - 1) / slices;
+  const int64_t chunks_per_slice = ceil_div(chunks, slices);
   plan.slice_len = static_cast<int>(chunks_per_slice * chunk);
   return plan;
 }
