@@ -738,14 +738,14 @@ struct LaunchPlan {
 // CTAs fit at once (.ctas; 0: S unusable) and how many of them one to an SM (.one_per_sm). Take
 // the smallest S whose parallelism per wave, CTAs / waves, reaches ~90% of the SMs; else the S
 // with the most.
-// With `one_cta_per_sm_rules` (sm90_skinny), an S whose CTAs would share SMs is not taken when its
-// slices hold fewer than kMinDoubledSliceChunks k-blocks, nor at up to kMaxRowsOneCtaPerSm batch
-// rows: a doubled SM carries two CTAs' bytes and pays two ramps and exchanges, which a short slice
-// does not amortise, and so few rows leave a CTA's stream unslowed by its MMAs, so the CTAs that run
-// one an SM (half the SMs or more) already stream W at HBM speed (forced S and both rules measured:
-// NOTES runs 145-146). The skinny family plans without them: its CTAs hold a fixed depth of W
-// register loads in flight, so at few rows two CTAs an SM stream faster than one (run 146: the rules
-// took its half-type calls 1.04-1.22x at 1-16 rows).
+// With `one_cta_per_sm_rules` (sm90_skinny), an S whose CTAs would share SMs is not taken
+//  * when its slices hold fewer than kMinDoubledSliceChunks k-blocks: a doubled SM carries two CTAs'
+//    bytes and pays two ramps and exchanges, which a short slice does not amortise;
+//  * at up to kMaxRowsOneCtaPerSm batch rows: so few rows leave a CTA's stream unslowed by its MMAs,
+//    so the CTAs that run one an SM (half the SMs or more) already stream W at HBM speed.
+// (Forced S and both rules measured: NOTES runs 145-146.) The skinny family plans without them: its
+// CTAs hold a fixed depth of W register loads in flight, so at few rows two CTAs an SM stream faster
+// than one (run 146: the rules took its half-type calls 1.04-1.22x at 1-16 rows).
 constexpr int64_t kMinDoubledSliceChunks = 16;
 constexpr int64_t kMaxRowsOneCtaPerSm = 16;
 
@@ -758,10 +758,8 @@ template <typename Residency>
 inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chunk, bool one_cta_per_sm_rules,
                               Residency resident) {
   LaunchPlan plan;
-  const int64_t k = p.out_features;
-  const int64_t n = p.reduction();
-  plan.row_tiles = static_cast<int>(ceil_div(k, rows_per_cta));
-  const int64_t chunks = ceil_div(n, chunk);
+  plan.row_tiles = static_cast<int>(ceil_div(p.out_features, rows_per_cta));
+  const int64_t chunks = ceil_div(p.reduction(), chunk);
   // Clusters only where the sm_90a code runs (Hopper): any other GPU runs the compute_80 PTX,
   // which has no cluster barrier or DSMEM, so each CTA would sum only its own partial tile.
   int max_slices = p.cc_major == 9 ? kMaxClusterSlices : 1;
@@ -772,12 +770,11 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
   for (int s = 1; s <= max_slices; s *= 2) {
     const int64_t ctas = static_cast<int64_t>(plan.row_tiles) * s;
     const ClusterResidency fit = resident(s);
-    const int64_t cap = fit.ctas;
     const bool doubled = one_cta_per_sm_rules && ctas > fit.one_per_sm;
     const bool doubled_loses =
         doubled && (ceil_div(chunks, s) < kMinDoubledSliceChunks || p.rows() <= kMaxRowsOneCtaPerSm);
-    if (cap <= 0 || doubled_loses) continue;
-    const int64_t waves = ceil_div(ctas, cap);
+    if (fit.ctas <= 0 || doubled_loses) continue;
+    const int64_t waves = ceil_div(ctas, fit.ctas);
     const double per_wave = static_cast<double>(ctas) / static_cast<double>(waves);
     if (per_wave >= want) {
       slices = s;
@@ -789,8 +786,7 @@ inline LaunchPlan plan_launch(const ForwardProblem& p, int rows_per_cta, int chu
     }
   }
   plan.slices = slices;
-  const int64_t chunks_per_slice = ceil_div(chunks, slices);
-  plan.slice_len = static_cast<int>(chunks_per_slice * chunk);
+  plan.slice_len = static_cast<int>(ceil_div(chunks, slices) * chunk);
   return plan;
 }
 
