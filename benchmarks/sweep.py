@@ -72,6 +72,10 @@ GPU_RATIOS = ("gpu vga/gemm_only", "gpu vga/permute")  # --backward on a GPU: bu
 # issue 19, on the half types: vga/gemm_only median, p90, max; vga/permute at every point
 TARGETS = {"vga/gemm_only": {"median": 0.98, "p90": 1.05, "max": 1.15}, "vga/permute": {"max": 1.05}}
 SLOW = 1.1
+# The half types' distribution again by token band: the decode family's rows (sm90_skinny, <= 64), the GEMM
+# core's short prefills (65-1023: fewer 128-row tiles than a 4096-wide layer needs to fill the SMs) and
+# its long ones (>= 1024). A median over all rows hides a band that misses (run 147: 100-512 rows).
+BANDS = (("rows 1-64", 1, 64), ("rows 65-1023", 65, 1023), ("rows >= 1024", 1024, None))
 
 
 def describe() -> str:
@@ -199,6 +203,10 @@ def summarize(points: list) -> dict:
     half = [p for p in points if p["dtype"] in ("bf16", "fp16")]
     if "bf16" in groups and "fp16" in groups:
         groups["half (bf16+fp16)"] = half
+    for band, low, high in BANDS:
+        in_band = [p for p in half if p["rows"] >= low and (high is None or p["rows"] <= high)]
+        if in_band and len(in_band) < len(half):
+            groups[f"half, {band}"] = in_band
     summary = {name: distribution(ps) for name, ps in groups.items() if ps}
     if half:
         summary["targets (half types, issue 19)"] = targets_met(distribution(half))

@@ -384,6 +384,19 @@ def test_sweep_distribution():
                                  passed=True)).endswith("gpu 0.80 / 0.40")
 
 
+def test_sweep_summary_by_token_band():
+    pts = [{"layer": "l", "rows": n, "dtype": d, "vga/gemm_only": r, "vga/permute": r}
+           for d in ("bf16", "fp16") for n, r in [(1, 1.0), (64, 1.1), (100, 1.4), (1023, 1.2), (1024, 0.9), (8192, 1.0)]]
+    summary = sweep.summarize(pts + [dict(pts[0], dtype="fp32", rows=256, **{"vga/gemm_only": 3.0})])
+    bands = {name: dist["vga/gemm_only"] for name, dist in summary.items() if name.startswith("half, rows")}
+    assert {name: (d["n"], d["max"]) for name, d in bands.items()} == {
+        "half, rows 1-64": (4, 1.1), "half, rows 65-1023": (4, 1.4), "half, rows >= 1024": (4, 1.0)}
+    assert summary["half (bf16+fp16)"]["vga/gemm_only"]["n"] == 12  # (fp32 in no band)
+    assert any(line.startswith("half, rows 65-1023") for line in sweep.summary_lines(summary))
+    # one band only: no breakdown to repeat the whole
+    assert not [name for name in sweep.summarize(pts[:2]) if name.startswith("half, rows")]
+
+
 def test_sweep_cpu_smoke(tmp_path):
     pytest.importorskip("matplotlib")
     out_json, png = tmp_path / "s.json", tmp_path / "s.png"
