@@ -9,12 +9,12 @@
 #include <torch/headeronly/util/Exception.h>
 
 #include <array>
-#include <mutex>
 #include <vector>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "kernels/per_device.cuh"
 #include "kernels/problem.cuh"
 
 namespace vga {
@@ -73,20 +73,16 @@ struct DeviceTraits {
 
 // Read once per device: cudaDeviceGetAttribute is cheap, but not free on the hot path.
 inline const DeviceTraits& device_traits(int32_t device_index) {
-  constexpr int kMaxDevices = 64;
-  static std::array<DeviceTraits, kMaxDevices> cache{};
-  static std::array<std::once_flag, kMaxDevices> filled;
-  STD_TORCH_CHECK(device_index >= 0 && device_index < kMaxDevices, "vga: device index ",
-                  device_index, " out of range");
-  DeviceTraits& traits = cache[device_index];
-  std::call_once(filled[device_index], [&] {
+  static PerDevice<DeviceTraits> cache;
+  return cache.get(device_index, [&] {
+    DeviceTraits traits;
     STD_TORCH_CHECK(cudaDeviceGetAttribute(&traits.cc_major, cudaDevAttrComputeCapabilityMajor,
                                            device_index) == cudaSuccess &&
                         cudaDeviceGetAttribute(&traits.sm_count, cudaDevAttrMultiProcessorCount,
                                                device_index) == cudaSuccess,
                     "vga: could not query CUDA device ", device_index);
+    return traits;
   });
-  return traits;
 }
 
 inline void check_launch(const char* what) {

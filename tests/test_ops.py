@@ -1,6 +1,10 @@
 """The op's contract against the float64 reference, on every device: shapes, dtypes, strides,
 errors, autograd. Each CUDA kernel family forced on its own: tests/test_families.py."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -412,3 +416,57 @@ def test_functional_fast_path_keeps_autograd_semantics(device):
     out.sum().backward()
     assert w.grad is not None
 
+
+# -- first calls from several host threads at once ----------------------------------------
+
+_FIRST_CALLS_SCRIPT = r"""
+import sys, threading, torch, vga_linear
+torch.manual_seed(0)
+# R, rows, H, K: a core plan that splits in clusters, a decode split, packed 80-wide tails, a swapped width
+SHAPES = [(32, 256, 128, 4096), (32, 16, 128, 4096), (16, 333, 80, 1280), (8, 64, 1024, 2048)]
+inputs = [(torch.randn(R, B, H, device="cuda", dtype=torch.bfloat16),
+           torch.randn(K, R * H, device="cuda", dtype=torch.bfloat16) / (R * H) ** 0.5,
+           torch.randn(B, K, device="cuda", dtype=torch.bfloat16)) for R, B, H, K in SHAPES]
+
+def calls():
+    outs = []
+    for x, w, g in inputs:
+        x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = vga_linear.gather_concat_linear(x, w, None)
+        outs += [y.detach(), *torch.autograd.grad(y, (x, w), g)]
+    torch.cuda.synchronize()
+    return outs
+
+THREADS = 8
+barrier = threading.Barrier(THREADS)
+results = [None] * THREADS
+errors = []
+def work(t):
+    try:
+        barrier.wait()
+        results[t] = calls()
+    except Exception as e:  # reported below
+        errors.append(repr(e))
+threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not errors, errors
+again = calls()
+for t, outs in enumerate(results):
+    for i, (a, b) in enumerate(zip(outs, again)):
+        assert torch.equal(a, b), f"thread {t}, result {i} differs from a later single-thread call"
+print("ok", len(again))
+"""
+
+
+@pytest.mark.cuda
+def test_first_calls_from_many_threads_agree_bitwise():
+    # The launch path caches per-device queries (traits, shared-memory opt-ins, resident clusters) on
+    # a device's first call; host threads racing on that call must see whole values, so every plan,
+    # and every result, is the same as a later single-thread call's. A fresh process: empty caches.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", _FIRST_CALLS_SCRIPT], cwd=root, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert p.returncode == 0 and p.stdout.startswith("ok"), p.stdout + p.stderr

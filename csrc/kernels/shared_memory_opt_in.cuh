@@ -6,24 +6,23 @@
 #include <cuda_runtime.h>
 #include <torch/headeronly/util/Exception.h>
 
-#include <atomic>
+#include "per_device.cuh"
 
 namespace vga {
 
 template <auto kKernel>
 inline void opt_in_shared_memory(int bytes, const char* family) {
   if (bytes <= 48 * 1024) return;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> done[kMaxDevices] = {};  // one table per kernel
+  static PerDevice<bool> done;  // one table per kernel
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": no current CUDA device: ", cudaGetErrorString(status));
-  const bool cached = device >= 0 && device < kMaxDevices;
-  if (cached && done[device].load(std::memory_order_acquire)) return;
-  status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": cannot reserve ", bytes,
-                  " bytes of shared memory: ", cudaGetErrorString(status));
-  if (cached) done[device].store(true, std::memory_order_release);
+  done.get(device, [&] {
+    status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": cannot reserve ", bytes,
+                    " bytes of shared memory: ", cudaGetErrorString(status));
+    return true;
+  });
 }
 
 }  // namespace vga

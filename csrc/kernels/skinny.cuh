@@ -46,6 +46,7 @@
 
 #include "element_types.cuh"
 #include "launch.cuh"
+#include "per_device.cuh"
 #include "problem.cuh"
 #include "shared_memory_opt_in.cuh"
 #include "sm90/ptx.cuh"
@@ -828,32 +829,27 @@ template <auto kKernel, int kThreadCount = kThreads>
 inline ClusterResidency resident_cluster_ctas(int smem, int slices, const char* family) {
   constexpr int64_t kUnlimited = int64_t(1) << 40;
   if (slices <= 1) return {kUnlimited, kUnlimited};
-  // [device][log2 slices]: {clusters, CTAs an SM}; 0 unknown, -1 query failed. Either field 0 asks
-  // again, so a pair half written by another thread is never used.
-  static int cache[64][4][2] = {};
+  // by device and log2(slices) - 1: {clusters, CTAs an SM}, -1 where the query failed
+  static PerDevice<std::pair<int, int>, 3> cache;
   int device = 0;
-  cudaGetDevice(&device);
-  const int slot = slices == 2 ? 1 : slices == 4 ? 2 : 3;
-  int clusters = 0;
-  int per_sm = 0;
-  if (device >= 0 && device < 64) {
-    clusters = cache[device][slot][0];
-    per_sm = cache[device][slot][1];
-  }
-  if (clusters == 0 || per_sm == 0) {
+  const cudaError_t status = cudaGetDevice(&device);
+  STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": no current CUDA device: ", cudaGetErrorString(status));
+  STD_TORCH_CHECK(slices == 2 || slices == 4 || slices == 8, "vga ", family, ": clusters of ", slices,
+                  " CTAs; the split takes 2, 4 or 8");
+  const int slot = slices == 2 ? 0 : slices == 4 ? 1 : 2;
+  const auto [clusters, per_sm] = cache.get(device, slot, [&] {
     opt_in_shared_memory<kKernel>(smem, family);
     KernelLaunch launch(dim3(slices, 1, 1), kThreadCount, smem, nullptr, slices, false);
-    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &launch.config) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreadCount, smem) != cudaSuccess ||
-        clusters <= 0 || per_sm <= 0) {
+    int asked_clusters = 0;
+    int asked_per_sm = 0;
+    if (cudaOccupancyMaxActiveClusters(&asked_clusters, kKernel, &launch.config) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&asked_per_sm, kKernel, kThreadCount, smem) != cudaSuccess ||
+        asked_clusters <= 0 || asked_per_sm <= 0) {
       cudaGetLastError();  // the query's failure is not the caller's error
-      clusters = per_sm = -1;
+      return std::pair<int, int>{-1, -1};
     }
-    if (device >= 0 && device < 64) {
-      cache[device][slot][0] = clusters;
-      cache[device][slot][1] = per_sm;
-    }
-  }
+    return std::pair<int, int>{asked_clusters, asked_per_sm};
+  });
   if (clusters < 0 || per_sm < 0) {  // unknown: pairs only
     return slices == 2 ? ClusterResidency{kUnlimited, kUnlimited} : ClusterResidency{0, 0};
   }

@@ -47,6 +47,7 @@
 
 #include "../element_types.cuh"
 #include "../launch.cuh"
+#include "../per_device.cuh"
 #include "../problem.cuh"
 #include "../shared_memory_opt_in.cuh"
 #include "epilogue.cuh"
@@ -809,12 +810,8 @@ int max_active_clusters_of_every_width(int cluster_size) {
 // caller's device guard makes it the current one).
 template <GemmKind kKind, typename Element>
 const ResidentClusters& resident_clusters(int32_t device_index) {
-  constexpr int kMaxDevices = 64;
-  static ResidentClusters cache[kMaxDevices] = {};  // pairs == 0: not yet asked
-  STD_TORCH_CHECK(device_index >= 0 && device_index < kMaxDevices, "vga sm90_gemm: device index ", device_index,
-                  " out of range");
-  ResidentClusters& r = cache[device_index];
-  if (r.pairs == 0) {
+  static PerDevice<ResidentClusters> cache;
+  return cache.get(device_index, [] {
     ResidentClusters asked{0, 0, 0, 0};
     if constexpr (kKind != GemmKind::kForwardSwapped) {  // (it has no split in the cluster)
       asked.of2 = max_active_clusters_of_every_width<kKind, Element, true>(2);
@@ -822,9 +819,8 @@ const ResidentClusters& resident_clusters(int32_t device_index) {
       asked.of8 = max_active_clusters_of_every_width<kKind, Element, true>(8);
     }
     asked.pairs = max_active_clusters_of_every_width<kKind, Element, false>(2);
-    r = asked;
-  }
-  return r;
+    return asked;
+  });
 }
 
 // The kernels with packed shard tails are separate instantiations (the forward's only), by the

@@ -1,0 +1,50 @@
+// A value computed once per CUDA device (host side), for the queries and opt-ins the launch path
+// repeats on every call: the device's traits, a kernel's shared-memory opt-in, how many clusters of
+// a kernel fit at once. Host threads may race on a device's first call: one computes under the
+// table's mutex while the others wait for it, and every later call reads the value after one
+// acquire load. A computation that throws stores nothing, so the next call runs it again (a mutex
+// rather than std::call_once, whose exceptional path has hung on some libstdc++ targets). Each
+// `static PerDevice<...>` is a table of its own; a table's computation may use other tables.
+#pragma once
+
+#include <torch/headeronly/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <utility>
+
+namespace vga {
+
+constexpr int kMaxDevices = 64;
+
+template <typename T, int kSlots = 1>
+class PerDevice {
+ public:
+  // the value for (device, slot < kSlots), computed by `compute()` the first time
+  template <typename Compute>
+  const T& get(int device, int slot, Compute&& compute) {
+    STD_TORCH_CHECK(device >= 0 && device < kMaxDevices, "vga: device index ", device, " out of range");
+    const int i = device * kSlots + slot;
+    if (!ready_[i].load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!ready_[i].load(std::memory_order_relaxed)) {
+        values_[i] = std::forward<Compute>(compute)();
+        ready_[i].store(true, std::memory_order_release);
+      }
+    }
+    return values_[i];
+  }
+  template <typename Compute>
+  const T& get(int device, Compute&& compute) {
+    static_assert(kSlots == 1, "a table of several slots names the slot");
+    return get(device, 0, std::forward<Compute>(compute));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::array<std::atomic<bool>, kMaxDevices * kSlots> ready_{};
+  std::array<T, kMaxDevices * kSlots> values_{};
+};
+
+}  // namespace vga
