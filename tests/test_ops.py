@@ -420,7 +420,7 @@ def test_functional_fast_path_keeps_autograd_semantics(device):
 # -- first calls from several host threads at once ----------------------------------------
 
 _FIRST_CALLS_SCRIPT = r"""
-import sys, threading, torch, vga_linear
+import threading, torch, vga_linear
 torch.manual_seed(0)
 # R, rows, H, K: a core plan that splits in clusters, a decode split, packed 80-wide tails, a swapped width
 SHAPES = [(32, 256, 128, 4096), (32, 16, 128, 4096), (16, 333, 80, 1280), (8, 64, 1024, 2048)]

@@ -24,7 +24,8 @@ class PerDevice {
   // the value for (device, slot < kSlots), computed by `compute()` the first time
   template <typename Compute>
   const T& get(int device, int slot, Compute&& compute) {
-    STD_TORCH_CHECK(device >= 0 && device < kMaxDevices, "vga: device index ", device, " out of range");
+    STD_TORCH_CHECK(device >= 0 && device < kMaxDevices && slot >= 0 && slot < kSlots, "vga: device index ", device,
+                    " (slot ", slot, ") out of range");
     const int i = device * kSlots + slot;
     if (!ready_[i].load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -15,12 +15,12 @@ inline void opt_in_shared_memory(int bytes, const char* family) {
   if (bytes <= 48 * 1024) return;
   static PerDevice<bool> done;  // one table per kernel
   int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
+  const cudaError_t status = cudaGetDevice(&device);
   STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": no current CUDA device: ", cudaGetErrorString(status));
   done.get(device, [&] {
-    status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": cannot reserve ", bytes,
-                    " bytes of shared memory: ", cudaGetErrorString(status));
+    const cudaError_t set = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    STD_TORCH_CHECK(set == cudaSuccess, "vga ", family, ": cannot reserve ", bytes,
+                    " bytes of shared memory: ", cudaGetErrorString(set));
     return true;
   });
 }

@@ -823,17 +823,15 @@ inline SkinnyParams make_params(const ForwardProblem& p, int slice_len) {
 
 // CTAs of kKernel resident at once as clusters of `slices` (cudaOccupancyMaxActiveClusters) and,
 // over the CTAs an SM holds (cudaOccupancyMaxActiveBlocksPerMultiprocessor), how many of them one
-// to an SM; asked once per kernel, device and cluster size. slices == 1: no limit that matters
-// (extra CTAs form later waves, counted by the caller's own arithmetic only through waves = 1).
+// to an SM; asked once per kernel, device (the problem's, which the caller's device guard makes the
+// current one) and cluster size. slices == 1: no limit that matters (extra CTAs form later waves,
+// counted by the caller's own arithmetic only through waves = 1).
 template <auto kKernel, int kThreadCount = kThreads>
-inline ClusterResidency resident_cluster_ctas(int smem, int slices, const char* family) {
+inline ClusterResidency resident_cluster_ctas(int smem, int slices, int device, const char* family) {
   constexpr int64_t kUnlimited = int64_t(1) << 40;
   if (slices <= 1) return {kUnlimited, kUnlimited};
   // by device and log2(slices) - 1: {clusters, CTAs an SM}, -1 where the query failed
   static PerDevice<std::pair<int, int>, 3> cache;
-  int device = 0;
-  const cudaError_t status = cudaGetDevice(&device);
-  STD_TORCH_CHECK(status == cudaSuccess, "vga ", family, ": no current CUDA device: ", cudaGetErrorString(status));
   STD_TORCH_CHECK(slices == 2 || slices == 4 || slices == 8, "vga ", family, ": clusters of ", slices,
                   " CTAs; the split takes 2, 4 or 8");
   const int slot = slices == 2 ? 0 : slices == 4 ? 1 : 2;
@@ -874,7 +872,7 @@ inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
   opt_in_shared_memory<kKernel>(Cfg::shared_bytes(kMaxClusterSlices), "skinny");
   const LaunchPlan plan =
       plan_launch(p, Cfg::kRowsPerCta, Cfg::kChunk, /*one_cta_per_sm_rules=*/false, [&](int slices) {
-        return resident_cluster_ctas<kKernel>(Cfg::shared_bytes(slices), slices, "skinny");
+        return resident_cluster_ctas<kKernel>(Cfg::shared_bytes(slices), slices, p.device_index, "skinny");
       });
   launch_skinny<kKernel>("skinny", Cfg::shared_bytes(plan.slices), plan, stream, /*programmatic=*/false,
                          make_params(p, plan.slice_len));

@@ -239,7 +239,8 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   // that keep a split from doubling CTAs on SMs where that measured slower (plan_launch).
   const skinny_detail::LaunchPlan plan =
       skinny_detail::plan_launch(p, kBlockRows, kBlockK, /*one_cta_per_sm_rules=*/true, [&](int slices) {
-        return skinny_detail::resident_cluster_ctas<kKernel, kThreads>(Cfg::kSharedBytes, slices, "sm90_skinny");
+        return skinny_detail::resident_cluster_ctas<kKernel, kThreads>(Cfg::kSharedBytes, slices, p.device_index,
+                                                                       "sm90_skinny");
       });
   args.kblocks_per_slice = static_cast<int>(ceil_div(args.num_kblocks, plan.slices));
   args.epilogue = skinny_detail::make_params(p, 0);
