@@ -35,9 +35,11 @@ LAYERS = [(32, 128, 4096), (40, 128, 5120), (64, 128, 8192), (8, 1024, 8192), (4
 CONFIGS = ["sm90_gemm"] + [f"sm90_gemm/{c}" for c in (
     "n256/s1", "n256/s2", "n192/s1", "n192/s2", "n192/c2", "n192/c4", "n128/s1", "n128/s2",
     "n128/s4", "n128/c2", "n128/c4", "n128/c8", "n64/s1", "n64/s2", "n64/s4", "n64/c2", "n64/c4", "n64/c8", "n240/s1",
-    "n176/s1", "n112/s1", "n96/s1")]
+    "n176/s1", "n112/s1", "n96/s1", "n64/s1/m64")]
 # The forward's token widths: it runs transposed (W's rows as M, the tokens as N; no split).
 TOKEN_WIDTHS = (96, 112, 176, 240)
+# The forward's narrow tiles (64 rows, 64 wide), weighed unsplit against an unsplit plan only.
+NARROW_KEY = "fwd_sm90_gemm/n64/s1/m64"
 # The widest tile whose reduction splits in the cluster (schedule.cuh, kWidestClusterSplit).
 WIDEST_CLUSTER_SPLIT = 192
 # Clusters resident at once by size, as the plan counts them (the extension asks the driver:
@@ -52,6 +54,11 @@ def resident_of(text):
     fields = dict(item.split("=") for item in text.split())
     return {"pairs": int(fields["pairs"]), 2: int(fields["of2"]), 4: int(fields["of4"]), 8: int(fields["of8"]),
             "swapped_pairs": int(fields["swapped_pairs"])}
+
+
+def forward_only(config):
+    """A configuration of the forward alone: a token width, or the narrow tiles (m64)."""
+    return config.endswith("/m64") or ("/" in config and int(config.split("/")[1][1:]) in TOKEN_WIDTHS)
 
 
 def measure(args):
@@ -89,8 +96,8 @@ def measure(args):
                "gx_gemm_only": bench(lambda: g @ w), "gw_gemm_only": bench(lambda: g.t() @ xc)}
         for c in args.configs:
             rec["fwd_" + c] = bench(lambda: ops._gather_concat_linear_family(x, w, b, c))
-            if "/" in c and int(c.split("/")[1][1:]) in TOKEN_WIDTHS:
-                continue  # a forward-only width
+            if forward_only(c):
+                continue
             rec["gx_" + c] = bench(lambda: ops._gather_concat_linear_grad_x_family(g, w, R, c))
             rec["gw_" + c] = bench(lambda: ops._gather_concat_linear_grad_weight_family(g, x, c))
         line = json.dumps(rec)
@@ -109,8 +116,8 @@ CONSTANTS = ("kblock_us_256", "kblock_us_192", "kblock_us_128", "kblock_us_64", 
              "span_b_kblock_us_per_64")
 
 
-def tile_counts(shape, block_n):
-    return shape["m_outer"] * math.ceil(shape["m_inner"] / 128), shape["n_groups"] * math.ceil(shape["width"] / block_n)
+def tile_counts(shape, block_n, block_m=128):
+    return shape["m_outer"] * math.ceil(shape["m_inner"] / block_m), shape["n_groups"] * math.ceil(shape["width"] / block_n)
 
 
 def kblock_us(block_n, p):
@@ -123,8 +130,8 @@ def kblock_us(block_n, p):
     return lo + (hi - lo) * (block_n - widths[i]) / (widths[i + 1] - widths[i])
 
 
-def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDENT):
-    m_tiles, n_tiles = tile_counts(shape, block_n)
+def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDENT, block_m=128):
+    m_tiles, n_tiles = tile_counts(shape, block_n, block_m)
     rows, columns = shape["m_outer"] * shape["m_inner"], shape["n_groups"] * shape["width"]
     reduction = reduction_elements(shape)
     step_fill = reduction / (kblocks(shape) * 64)
@@ -133,7 +140,8 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     # (block_n x 64: as many bytes per 128 columns)
     span_floor = {"A": p["span_kblock_us"],
                   "B": p["span_b_kblock_us"] + p["span_b_kblock_us_per_64"] * block_n / 64}.get(shape.get("span_copy"), 0.0)
-    kb_us = max(kblock_us(block_n, p), span_floor)
+    # a narrow tile's k-block copies (64 + N) operand rows instead of (128 + N)
+    kb_us = max(kblock_us(block_n, p) * (block_m + block_n) / (128 + block_n), span_floor)
     job_us = per_split * kb_us * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
         rounds = math.ceil(m_tiles * n_tiles / resident[splits])
@@ -144,7 +152,7 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
     copied = shape.get("span_copy")
     columns_paired = copied == "B" if copied else (block_n == 64 or pair_columns < pair_rows
-                                                   or (pair_columns == pair_rows and block_n < 128))
+                                                   or (pair_columns == pair_rows and block_n < block_m))
     jobs = (pair_columns if columns_paired else pair_rows) * splits
     cost = max(math.ceil(jobs / resident["pairs"]) * job_us, hbm_us)
     if splits > 1:
@@ -212,7 +220,7 @@ def plan_keys(rec, kind):
     """Every configuration choose_plan (schedule.cuh) weighs for this product, as the forced names
     spell them ("fwd_sm90_gemm/n128/s2"), in its order: per width 256, 192, 128, 64 the grid
     splits it enumerates (fewest first, until a slice is shorter than 4 k-blocks), then the cluster
-    splits 2, 4, 8; the forward's token widths unsplit."""
+    splits 2, 4, 8; the forward's token widths unsplit; its narrow tiles (NARROW_KEY)."""
     total = kblocks(core_shape(rec, kind))
     keys = []
     for block_n in (256, 192, 128, 64):
@@ -224,7 +232,7 @@ def plan_keys(rec, kind):
                 keys.append(f"{kind}_sm90_gemm/n{block_n}/s{splits}")
         keys += [f"{kind}_sm90_gemm/n{block_n}/c{slices}" for slices in (2, 4, 8)]
     if kind == "fwd":
-        keys += [f"{kind}_sm90_gemm/n{block_n}/s1" for block_n in TOKEN_WIDTHS]
+        keys += [f"{kind}_sm90_gemm/n{block_n}/s1" for block_n in TOKEN_WIDTHS] + [NARROW_KEY]
     return keys
 
 
@@ -254,7 +262,7 @@ def _plans(kind, p, keys, shapes, first_only, resident):
                            or math.prod(tile_counts(shape, block_n)) > counts[splits] or shape.get("span_copy") == "B"):
             continue  # the rule gives every CTA of the cluster a slice, all clusters in one round (no
             # in-cluster split for grad_weight's columns along the concatenation)
-        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts)
+        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts, 64 if key.endswith("/m64") else 128)
         candidates.append((cost, key, (swapped, -block_n, in_cluster, splits)))
     return candidates
 
@@ -295,15 +303,22 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     shapes = {False: core_shape(rec, kind, skips_fill, shard_layout),
               True: core_shape(rec, kind, skips_fill, shard_layout, token_tiles=True)}
     first_only = kind == "fwd" and shard_layout != "per_shard" and rec["H"] % 64 in (16, 32)
-    shard_keys = [k for k in keys if not k.endswith("/span")]
+    shard_keys = [k for k in keys if not k.endswith("/span") and k != NARROW_KEY]
     candidates = _plans(kind, p, shard_keys, shapes, first_only, resident)
     if not candidates:
         return None, []
     best = _cheapest(candidates)
+    # choose_plan's last step: the narrow tiles replace an unsplit plan of the first orientation if 3% cheaper
+    if NARROW_KEY in keys and False in best and best[False][1].endswith("/s1"):
+        narrow = _plans(kind, p, [NARROW_KEY], shapes, first_only, resident)[0]
+        candidates.append(narrow)
+        if narrow[0] < 0.97 * best[False][0]:
+            best[False] = narrow
     swaps = True in best and (False not in best or best[True][0] < 0.97 * best[False][0])
     chosen, eligible = best[swaps][1], [c[1] for c in candidates]
     if spans:
-        span_keys = sorted({k.removesuffix("/span") for k in keys if int(k.split("/")[1][1:]) not in TOKEN_WIDTHS})
+        span_keys = sorted({k.removesuffix("/span") for k in keys
+                            if int(k.split("/")[1][1:]) not in TOKEN_WIDTHS and k != NARROW_KEY})
         span = _cheapest_along_concatenation(rec, kind, p, span_keys, skips_fill, resident)
         if span:
             charged = {sw: dict(shape, skips_fill=False) for sw, shape in shapes.items()}

@@ -155,9 +155,9 @@ inline ForwardProblem describe_shards(const Tensor& x, int64_t out_features) {
 
 // "name" or, for the GEMM core's family, "sm90_gemm/n128/s4": a forced tile width (n64, n128,
 // n192, n256: is_core_width; or the forward's token widths, is_token_width, which run it swapped), reduction
-// split, across the grid (s<count>) or in the cluster (c2, c4, c8), and the layout of x's operand,
-// the forward's k-blocks and grad_weight's columns (shards, span), so tests and benchmarks reach
-// every configuration.
+// split, across the grid (s<count>) or in the cluster (c2, c4, c8), the layout of x's operand,
+// the forward's k-blocks and grad_weight's columns (shards, span), and the forward's 64-row tiles
+// (m64), so tests and benchmarks reach every configuration.
 inline ForcedConfig parse_forced_config(const std::string& options, const std::string& spec, const char* op) {
   ForcedConfig forced;
   size_t start = 0;
@@ -174,11 +174,13 @@ inline ForcedConfig parse_forced_config(const std::string& options, const std::s
       forced.splits = value;
     } else if (numeric && option[0] == 'c' && (value == 2 || value == 4 || value == 8)) {
       forced.cluster_splits = value;
+    } else if (option == "m64") {
+      forced.block_m = 64;
     } else if (option == "shards" || option == "span") {
       forced.layout = option == "span" ? kSpanLayout : kShardLayout;
     } else {
       STD_TORCH_CHECK(false, op, ": bad configuration '", option, "' in '", spec,
-                      "'; expected ", width_names(kCoreWidths), ", ", width_names(kTokenWidths), ", s<1..64>, c2, c4, c8, shards or span");
+                      "'; expected ", width_names(kCoreWidths), ", ", width_names(kTokenWidths), ", s<1..64>, c2, c4, c8, m64, shards or span");
     }
     start = end + 1;
   }

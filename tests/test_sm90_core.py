@@ -24,6 +24,9 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
 # The forward's token widths: the product computed transposed (W's rows as M, the tokens as N), its
 # tile stored transposed; the backward products do not take them.
 TOKEN_CONFIGS = ["sm90_gemm/n96", "sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
+# The forward's narrow tiles (64 rows, one consumer warpgroup, 64 wide), unsplit and split across the
+# grid; the backward products do not take them.
+NARROW_CONFIGS = ["sm90_gemm/m64", "sm90_gemm/n64/s3/m64"]
 # x's operand along the concatenation, forced ("span": H % 64 != 0 only): the forward's k-blocks
 # and grad_weight's columns, at each width, split across the grid and in the cluster.
 SPAN_CONFIGS = ["sm90_gemm/span", "sm90_gemm/n64/span", "sm90_gemm/n128/s3/span", "sm90_gemm/n192/span",
@@ -76,7 +79,7 @@ def _backward(grad_out, x, w, grad_x_family, grad_weight_family):
 
 
 # Every configuration on every shape; "span" (SPAN_CONFIGS) on the widths that take it.
-FORWARD_CASES = ([(c, s) for c in CONFIGS + TOKEN_CONFIGS for s in FORWARD_SHAPES]
+FORWARD_CASES = ([(c, s) for c in CONFIGS + TOKEN_CONFIGS + NARROW_CONFIGS for s in FORWARD_SHAPES]
                  + [(c, s) for c in SPAN_CONFIGS for s in FORWARD_SHAPES if s[2] % 64 != 0])
 
 
@@ -121,6 +124,21 @@ def test_the_widest_tile_takes_no_split_in_the_cluster():
                     lambda: _grad_weight(g, x, "sm90_gemm/n256/c8")):
         with pytest.raises(RuntimeError, match="n256 takes no split in the cluster .*up to n192"):
             product()
+
+
+def test_narrow_tiles_are_the_forwards_64_wide_unsplit_in_the_cluster():
+    x = make_x(2, (130,), 64, torch.bfloat16, "cuda")
+    w, b = make_params(2, 64, 72, torch.bfloat16, "cuda")
+    g = torch.randn(130, 72, dtype=torch.bfloat16, device="cuda")
+    why = "m64 .64-row tiles. runs the forward only, 64 wide .n64., a shard at a time .not 'span'., without a split"
+    for product in (lambda: run_op(x, w, b, "sm90_gemm/n128/m64"), lambda: run_op(x, w, b, "sm90_gemm/c2/m64"),
+                    lambda: run_op(make_x(2, (130,), 48, torch.bfloat16, "cuda"),
+                                   *make_params(2, 48, 72, torch.bfloat16, "cuda"), "sm90_gemm/span/m64"),
+                    lambda: _grad_x(g, w, 2, "sm90_gemm/m64"), lambda: _grad_weight(g, x, "sm90_gemm/m64")):
+        with pytest.raises(RuntimeError, match=why):
+            product()
+    with pytest.raises(RuntimeError, match="not a token width|runs the forward only"):
+        run_op(x, w, b, "sm90_gemm/n176/m64")
 
 
 def test_span_needs_a_width_that_is_not_a_multiple_of_64():
@@ -356,10 +374,11 @@ def test_gradients_are_bitwise_deterministic(config):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("config", ["sm90_gemm/n176", "sm90_gemm/n128/s3/span", "sm90_gemm/n64/c2/span"])
-def test_token_and_span_configurations_are_bitwise_deterministic(config):
+@pytest.mark.parametrize("config", ["sm90_gemm/n176", "sm90_gemm/n128/s3/span", "sm90_gemm/n64/c2/span",
+                                    "sm90_gemm/n64/s3/m64"])
+def test_token_span_and_narrow_configurations_are_bitwise_deterministic(config):
     # The swapped forward's transposed stores; the span copies (forward k-blocks, grad_weight's
-    # columns) under both splits.
+    # columns) under both splits; the narrow tiles split across the grid.
     R, batch, H, K = 9, (1000,), 112, 264
     x = make_x(R, batch, H, torch.bfloat16, "cuda")
     w, b = make_params(R, H, K, torch.bfloat16, "cuda")

@@ -91,6 +91,7 @@ inline sm90::CoreShape sm90_gemm_shape(const ForwardProblem& p, const sm90::RowV
   // with packed tails, the shards' whole k-blocks only
   shape.k_group_width = spans_shards ? p.num_shards * p.shard_width : p.shard_width - tail;
   shape.span_copy = spans_shards ? sm90::SpanCopy::kA : sm90::SpanCopy::kNone;
+  shape.narrow_tiles = !spans_shards;
   shape.tail_kblocks = tail > 0 ? ceil_div(p.num_shards, sm90::kBlockK / tail) : 0;
   shape.tail_elements = p.num_shards * tail;
   return shape;
@@ -149,7 +150,8 @@ Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
   }
   const CorePlan plan = core_plan<GemmKind::kForward, Element>(s.shape, p.forced, p.device_index);
   const bool forced_other =
-      p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0 || p.forced.layout != 0;
+      p.forced.block_n != 0 || p.forced.splits > 1 || p.forced.cluster_splits != 0 || p.forced.layout != 0 ||
+      p.forced.block_m != 0;
   if (forced_other || s.tail != 0) return {false, false, plan};
   const CorePlan swapped = core_plan<GemmKind::kForwardSwapped, Element>(s.swapped, p.forced, p.device_index);
   const Sm90GemmPlan shards = swapped.cost < 0.97 * plan.cost ? Sm90GemmPlan{true, false, swapped}
@@ -172,6 +174,7 @@ inline std::string sm90_gemm_config(const ForwardProblem& p) {
   std::string name = "n" + std::to_string(chosen.plan.block_n);
   if (!chosen.swapped) name += (chosen.plan.in_cluster ? "/c" : "/s") + std::to_string(chosen.plan.splits);
   if (chosen.spans_shards) name += "/span";
+  if (chosen.plan.block_m == sm90::kNarrowBlockM) name += "/m64";
   return name;
 }
 

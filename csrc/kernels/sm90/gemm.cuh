@@ -17,7 +17,10 @@
 // registers, for outputs with waves of tiles; 192: 4/3 the tiles, for outputs whose 256-wide
 // tiles fill the last round badly (1.2 rounds of them are 2 rounds) at almost the same reuse; 128
 // and 64: two and four times the tiles, for the outputs whose wider tiles leave SMs idle: 100-1024
-// rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there), k-blocks of 64 elements (one
+// rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there; and the forward's 64 x 64 tiles,
+// kTileM = kNarrowBlockM, one consumer warpgroup, where even those leave most SMs idle and the plan
+// splits nothing: twice the CTAs, each copying 16 instead of 24 KB a k-block, as such calls are
+// bound by each SM's L2 -> SM traffic), k-blocks of 64 elements (one
 // 128-byte swizzle row; a group's last k-block runs only the k steps that hold data; the forward
 // packs shards' 16- or 32-column tails 4 or 2 to a k-block, as a stage costs what it copies, zero
 // fill included, not the data it holds: kTailShards instantiations). Other widths that are not a
@@ -29,7 +32,8 @@
 // (its B columns by cp.async, A shared by a pair of column tiles), where a tile a shard would
 // leave part of each tile empty (H = 80: 80 of 128 columns). Warpgroup 0
 // is the producer (its first warp walks the tiles, one elected lane issues TMA), warpgroups 1-2
-// each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32 accumulators a thread). As
+// (1 of a narrow tile) each own 64 rows of the tile (one m64nNk16 wgmma chain, N / 2 fp32
+// accumulators a thread). As
 // many stages as fit in 227 KB (4 at 256, 5 at 192, 7 at 128, 8 at 64) form a full/empty mbarrier
 // ring. CTAs run in clusters of 2: along M, both tiles of a cluster use the same B panel, each CTA
 // loads half of it (alternate boxes: 2 + 1 of a 192-wide MN-major panel) and multicasts it to both
@@ -60,18 +64,21 @@ namespace sm90 {
 
 enum class GemmKind { kForward, kGradInput, kGradWeight, kForwardSwapped };
 
-constexpr int kConsumerWarpgroups = 2;
-constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+// A tile of kTileM rows (kBlockM, or the forward's kNarrowBlockM) has a consumer warpgroup a 64 rows.
+template <int kTileM>
+constexpr int kConsumersOf = kTileM / 64;
+template <int kTileM>
+constexpr int kThreadsOf = 128 * (1 + kConsumersOf<kTileM>);
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kMnBlockBytes = 64 * kBlockK * 2;  // one MN-major TMA box: 64 columns x a k-block, 8 KB
 
-template <int kBlockN>
+template <int kBlockN, int kTileM = kBlockM>
 struct TileShape {
-  static constexpr int kATileBytes = kBlockM * kBlockK * 2;
+  static constexpr int kATileBytes = kTileM * kBlockK * 2;
   static constexpr int kBTileBytes = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
-  static constexpr int kBiasBytes = kConsumerWarpgroups * kBlockN * sizeof(float);
+  static constexpr int kBiasBytes = kConsumersOf<kTileM> * kBlockN * sizeof(float);
   static constexpr int kSharedBudget = 227 * 1024;
   // a full and an empty barrier a stage, and the in-cluster sum's (with one unused after it: the
   // bias rows stay 16-byte aligned)
@@ -202,10 +209,10 @@ __device__ __forceinline__ int stage_before(int stage, int back) {
   return stage >= back ? stage - back : stage - back + kStages;
 }
 
-// How many of a tile's operand parts (from the first) hold any of the product: A's two 64-row
-// boxes (rows of the tile past m_inner have none), and B's kBParts parts where the output's columns
-// run along them (the forward's and grad_x's B; grad_weight's B columns may cross shards and are
-// all copied). A box wholly past its extent is not copied: TMA would only zero-fill it, and that
+// How many of a tile's operand parts (from the first) hold any of the product: A's 64-row boxes
+// (two, or a narrow tile's one; rows of the tile past m_inner have none), and B's kBParts parts
+// where the output's columns run along them (the forward's and grad_x's B; grad_weight's B columns
+// may cross shards and are all copied). A box wholly past its extent is not copied: TMA would only zero-fill it, and that
 // costs at least what a full box costs (run 125's forced timings, H100: at K = 8192, 64 rows took
 // 26-30% longer than 100 or 128 with 64-wide tiles, 14-17% with 128-wide ones; the swapped
 // forward's 176-token tiles 85-91 µs at 256 rows, whose last tile's second half is empty, against
@@ -217,10 +224,10 @@ struct LiveParts {
   int b;
 };
 
-template <GemmKind kKind, int kBlockN>
+template <GemmKind kKind, int kBlockN, int kTileM>
 __device__ __forceinline__ LiveParts live_parts(const TileCoord& c, const CoreArgs& args) {
   constexpr int kBParts = kBPartsOf<kKind, kBlockN>;
-  LiveParts live{args.m_inner - c.inner0 > 64 ? 2 : 1, kBParts};
+  LiveParts live{kTileM > 64 && args.m_inner - c.inner0 > 64 ? 2 : 1, kBParts};
   if constexpr (kKind != GemmKind::kGradWeight) {
     constexpr int kPartWidth = kBlockN / kBParts;
     const int columns_left = args.n_group_width - c.n0;
@@ -504,9 +511,13 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t d
 // kernel as runtime branches it cost that kernel 2-3% (up to 10% on 768-wide layers at 4096 rows;
 // run 27's A/B). So is x's operand along the concatenation (kSpanShards: the forward's A k-blocks,
 // grad_weight's B columns): its whole producer warpgroup copies that operand with cp.async, and a
-// stage's full barrier counts those 128 threads' arrivals too.
-template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards>
-__global__ void __launch_bounds__(kThreads, 1)
+// stage's full barrier counts those 128 threads' arrivals too. The forward's narrow tiles
+// (kTileM = kNarrowBlockM) are a separate instantiation with one consumer warpgroup and A one
+// 64-row box: for calls whose 128-row tiles leave most SMs idle, twice the CTAs, each copying 16
+// instead of 24 KB a 64-wide k-block (such calls are bound by each SM's L2 -> SM traffic).
+template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards,
+          int kTileM = kBlockM>
+__global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
     core_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                      const __grid_constant__ TailMaps tails, const CoreArgs args) {
 #ifdef VGA_SM90A_DEVICE
@@ -514,9 +525,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 "the swapped forward has no split and no packed tails");
   static_assert(!kSpanShards || ((kKind == GemmKind::kForward || kKind == GemmKind::kGradWeight) && kTailShards == 0),
                 "only x's operand of the forward and grad_weight runs along the concatenation, unpacked");
+  static_assert(kTileM == kBlockM || (kTileM == kNarrowBlockM && kKind == GemmKind::kForward && kBlockN == 64 &&
+                                      !kInCluster && !kSpanShards),
+                "the narrow tiles are the forward's, 64 wide, a shard at a time, without a split in the cluster");
+  constexpr int kConsumers = kConsumersOf<kTileM>;
   constexpr bool kCopiesA = SpanCopies<kKind, kSpanShards>::kA;
   constexpr bool kCopiesB = SpanCopies<kKind, kSpanShards>::kB;
-  using Tile = TileShape<kBlockN>;
+  using Tile = TileShape<kBlockN, kTileM>;
   constexpr int kStages = Tile::kStages;
   constexpr int kMmaGroupsInFlight = mma_groups_in_flight<kKind>(kStages);
   static_assert(kMmaGroupsInFlight == 1 || kMmaGroupsInFlight == 2, "the consumers release one or two stages late");
@@ -544,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 32) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full[s], kSpanShards ? 1 + kSpanCopyThreads : 1);
-      mbarrier_init(&empty[s], releasing_ctas * kConsumerWarpgroups * 4);  // every such consumer warp
+      mbarrier_init(&empty[s], releasing_ctas * kConsumers * 4);  // every such consumer warp
     }
     if (kInCluster) mbarrier_init(received, 1);  // the summing CTA's expect_tx; the peers' copies complete it
     fence_barrier_init();
@@ -577,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int group_elements = args.kblocks_per_group.divisor * kBlockK;
       bool cluster_ready = false;
       for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
-        const TileCoord c = tile_coord<kBlockN, kInCluster>(tile, cta_rank, args);
+        const TileCoord c = tile_coord<kBlockN, kInCluster, kTileM>(tile, cta_rank, args);
         LoadCursor cur = load_cursor(c, args);
         SpanRows span{};
         if constexpr (kCopiesA) span = span_rows<Element>(c, threadIdx.x, args);
@@ -596,8 +611,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // alike: it is the same rows, or columns, for both).
         // (With kSpanShards every part is copied: its 128 copying threads have no registers to
         // spare for the count, which cost those kernels 4-9 more spilled accesses each.)
-        constexpr LiveParts kAllParts{2, kBPartsOf<kKind, kBlockN>};
-        const LiveParts live = kSpanShards ? kAllParts : live_parts<kKind, kBlockN>(c, args);
+        constexpr LiveParts kAllParts{kConsumers, kBPartsOf<kKind, kBlockN>};
+        const LiveParts live = kSpanShards ? kAllParts : live_parts<kKind, kBlockN, kTileM>(c, args);
         const uint32_t a_bytes = kCopiesA ? 0 : live.a * kMnBlockBytes;
         const uint32_t b_bytes = kCopiesB ? 0 : live.b * kBPartBytesOf<kKind, kBlockN>;
         const uint32_t stage_bytes = kInCluster             ? a_bytes + b_bytes
@@ -656,7 +671,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int tile = cluster_id; tile < args.num_cluster_tiles; tile += num_clusters) {
-      const TileCoord c = tile_coord<kBlockN, kInCluster>(tile, cta_rank, args);
+      const TileCoord c = tile_coord<kBlockN, kInCluster, kTileM>(tile, cta_rank, args);
       // The tile's bias, loaded now so that its latency hides under the mainloop (fetched in the
       // epilogue, it cost several L2 round trips a tile while the tensor cores sat idle).
       float2 bias_value = make_float2(0.f, 0.f);  // columns 2t, 2t + 1 of the tile
@@ -734,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_barrier_sync(1 + consumer, 128);
       }
       if constexpr (kInCluster) {
-        named_barrier_sync(3, 128 * kConsumerWarpgroups);  // both warpgroups are done reading the ring
+        named_barrier_sync(3, 128 * kConsumers);  // both warpgroups are done reading the ring
         // This CTA's ring may receive its peers' rows now (a relaxed arrival: its reads are complete,
         // the wgmma groups waited for, and nothing is published).
         cluster_arrive_relaxed();
@@ -742,9 +757,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         float* partial = reinterpret_cast<float*>(shared);
         stage_partial_tile<kBlockN>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
         fence_proxy_async_shared();  // the bulk copies (the async proxy) read what these stores wrote
-        named_barrier_sync(3, 128 * kConsumerWarpgroups);
+        named_barrier_sync(3, 128 * kConsumers);
         cluster_wait();  // every CTA's ring is free
-        sum_cluster_tile<Element, kBlockN, kConsumerWarpgroups * 128, kKind == GemmKind::kGradInput>(
+        sum_cluster_tile<Element, kBlockN, kConsumers * 128, kKind == GemmKind::kGradInput>(
             partial, received, bias_rows, args, c, cta_rank, threadIdx.x - 128);
       } else if constexpr (kKind == GemmKind::kForwardSwapped) {
         store_tile_transposed<Element, kBlockN>(acc, row_bias, args, c, consumer, thread_in_wg);
@@ -773,12 +788,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // One kernel's shared-memory opt-in on the current device, and how many clusters of
 // `cluster_size` of its CTAs fit at once (GPCs may leave SMs unpaired).
-template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
+template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTileM = kBlockM>
 int max_active_clusters(int cluster_size) {
-  using Tile = TileShape<kBlockN>;
-  constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0, false>;
+  using Tile = TileShape<kBlockN, kTileM>;
+  constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0, false, kTileM>;
   opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
-  KernelLaunch launch(dim3(cluster_size), kThreads, Tile::kSharedBytes, nullptr, cluster_size, false);
+  KernelLaunch launch(dim3(cluster_size), kThreadsOf<kTileM>, Tile::kSharedBytes, nullptr, cluster_size, false);
   int clusters = 0;
   const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
   STD_TORCH_CHECK(status == cudaSuccess && clusters > 0, "vga sm90_gemm: no cluster of ", cluster_size,
@@ -798,10 +813,14 @@ int max_active_clusters_of_every_width(int cluster_size) {
                      max_active_clusters<kKind, Element, 128, true>(cluster_size),
                      max_active_clusters<kKind, Element, 64, true>(cluster_size)});
   } else {
-    return std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size),
-                     max_active_clusters<kKind, Element, 192, false>(cluster_size),
-                     max_active_clusters<kKind, Element, 128, false>(cluster_size),
-                     max_active_clusters<kKind, Element, 64, false>(cluster_size)});
+    const int clusters = std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size),
+                                   max_active_clusters<kKind, Element, 192, false>(cluster_size),
+                                   max_active_clusters<kKind, Element, 128, false>(cluster_size),
+                                   max_active_clusters<kKind, Element, 64, false>(cluster_size)});
+    if constexpr (kKind == GemmKind::kForward) {  // and its narrow tiles
+      return std::min(clusters, max_active_clusters<kKind, Element, 64, false, kNarrowBlockM>(cluster_size));
+    }
+    return clusters;
   }
 }
 
@@ -826,18 +845,20 @@ const ResidentClusters& resident_clusters(int32_t device_index) {
 // The kernels with packed shard tails are separate instantiations (the forward's only), by the
 // shards a tail k-block holds: compiled into the others as runtime branches they made the n128
 // forward 16-22% slower on every shape (run 57); so are those along the concatenation.
-template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster>
+template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTileM = kBlockM>
 void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const TailMaps& tails,
                         const CoreArgs& args, int clusters, cudaStream_t stream) {
-  using Tile = TileShape<kBlockN>;
-  KernelLaunch launch(dim3(clusters * args.cluster_size), kThreads, Tile::kSharedBytes, stream, args.cluster_size, true);
+  using Tile = TileShape<kBlockN, kTileM>;
+  KernelLaunch launch(dim3(clusters * args.cluster_size), kThreadsOf<kTileM>, Tile::kSharedBytes, stream,
+                      args.cluster_size, true);
   auto launch_with = [&](auto tail_shards) {
-    constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, decltype(tail_shards)::value, false>;
+    constexpr auto kernel =
+        core_gemm_kernel<kKind, Element, kBlockN, kInCluster, decltype(tail_shards)::value, false, kTileM>;
     // (the unpacked kernels opted in when resident_clusters asked the driver about them)
     if constexpr (decltype(tail_shards)::value > 0) opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
     launch(kernel, a_map, b_map, tails, args);
   };
-  if constexpr (kKind == GemmKind::kForward || kKind == GemmKind::kGradWeight) {
+  if constexpr ((kKind == GemmKind::kForward || kKind == GemmKind::kGradWeight) && kTileM == kBlockM) {
     if (args.span_shards) {
       constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0, true>;
       opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
@@ -871,6 +892,10 @@ CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_i
   STD_TORCH_CHECK(forced.cluster_splits == 0 || forced.block_n <= kWidestClusterSplit, "vga sm90_gemm: tile width n",
                   forced.block_n, " takes no split in the cluster (its partial tile and its peers' rows do not fit the "
                   "shared memory); c", forced.cluster_splits, " runs at widths up to n", kWidestClusterSplit);
+  STD_TORCH_CHECK(forced.block_m == 0 || (kKind == GemmKind::kForward && shape.span_copy == SpanCopy::kNone &&
+                                           (forced.block_n == 0 || forced.block_n == 64) && forced.cluster_splits == 0),
+                  "vga sm90_gemm: m64 (64-row tiles) runs the forward only, 64 wide (n64), a shard at a time "
+                  "(not 'span'), without a split in the cluster");
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
 
@@ -912,7 +937,7 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   const ResidentClusters& resident = resident_clusters<kKind, Element>(device_index);
   const int64_t rows = shape.m_outer * shape.m_inner;
   args.m_inner = static_cast<int>(shape.m_inner);
-  args.m_inner_tiles = make_fast_divisor(static_cast<int>(ceil_div(shape.m_inner, kBlockM)));
+  args.m_inner_tiles = make_fast_divisor(static_cast<int>(ceil_div(shape.m_inner, plan.block_m)));
   args.m_tiles = static_cast<int>(shape.m_outer) * args.m_inner_tiles.divisor;
   args.n_group_width = static_cast<int>(shape.n_group_width);
   args.n_group_tiles = make_fast_divisor(static_cast<int>(ceil_div(shape.n_group_width, plan.block_n)));
@@ -923,7 +948,7 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   args.k_group_width = static_cast<int>(shape.k_group_width);
   args.kblocks_per_split = plan.kblocks_per_split;
   args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;
-  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n, shape.span_copy) ? 1 : 0;
+  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_m, plan.block_n, shape.span_copy) ? 1 : 0;
   int group_units = 0;  // m units a raster group holds
   if (plan.in_cluster) {
     args.m_units = args.m_tiles;
@@ -972,6 +997,12 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
     } else {
       STD_TORCH_CHECK(plan.block_n == 96, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
       launch_core_kernel<kKind, Element, 96, false>(a_map, b_map, tails, args, clusters, stream);
+    }
+  } else if (plan.block_m == kNarrowBlockM) {
+    STD_TORCH_CHECK(kKind == GemmKind::kForward && plan.block_n == 64 && !plan.in_cluster,
+                    "vga sm90_gemm: the 64-row tiles are the forward's, 64 wide, without a split in the cluster");
+    if constexpr (kKind == GemmKind::kForward) {
+      launch_core_kernel<kKind, Element, 64, false, kNarrowBlockM>(a_map, b_map, tails, args, clusters, stream);
     }
   } else if (plan.block_n == 256) {
     STD_TORCH_CHECK(!plan.in_cluster, "vga sm90_gemm: no in-cluster kernel of width 256");

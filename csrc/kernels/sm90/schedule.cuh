@@ -25,6 +25,9 @@ namespace vga {
 namespace sm90 {
 
 constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
+// The forward's narrow tiles: one consumer warpgroup of 64 rows (gemm.cuh), for calls whose
+// unsplit 128-row tiles are too few for the SMs (choose_plan; forced: sm90_gemm/m64).
+constexpr int kNarrowBlockM = 64;
 constexpr int kBlockK = 64;   // one 128-byte swizzle row of 16-bit elements
 constexpr int kClusterM = 2;
 constexpr int kGroupM = 16;  // 16 beat 8 by 1-3% on the prefill shapes (less DRAM traffic under the power cap)
@@ -155,7 +158,7 @@ struct TileCoord {
 };
 
 #if defined(__CUDACC__)
-template <int kBlockN, bool kInCluster>
+template <int kBlockN, bool kInCluster, int kTileM>
 __device__ __forceinline__ TileCoord tile_coord(int tile, uint32_t cta_rank, const CoreArgs& a) {
   const int rank = static_cast<int>(cta_rank);
   int split = rank;
@@ -178,7 +181,7 @@ __device__ __forceinline__ TileCoord tile_coord(int tile, uint32_t cta_rank, con
   const int n_group = fast_divide(n_tile, a.n_group_tiles);
   TileCoord c;
   c.outer = outer;
-  c.inner0 = (m_tile - outer * a.m_inner_tiles.divisor) * kBlockM;
+  c.inner0 = (m_tile - outer * a.m_inner_tiles.divisor) * kTileM;
   c.n_group = n_group;
   c.n0 = (n_tile - n_group * a.n_group_tiles.divisor) * kBlockN;
   c.kb_begin = split * a.kblocks_per_split;
@@ -208,6 +211,8 @@ struct CoreShape {
   // The forward computed transposed (GemmKind::kForwardSwapped): M is W's rows, N the tokens, in
   // the token widths below and without a reduction split.
   bool token_tiles = false;
+  // The forward a shard at a time (kForward without span_copy): it may run 64-row tiles (kNarrowBlockM).
+  bool narrow_tiles = false;
   int64_t kblocks_per_group() const { return ceil_div(k_group_width, kBlockK); }
   int64_t kblocks() const { return k_groups * kblocks_per_group() + tail_kblocks; }
 };
@@ -225,6 +230,7 @@ struct CorePlan {
   int kblocks_per_split;
   bool in_cluster;  // splits > 1: the cluster's CTAs are the slices (DSMEM sum), else a workspace + launch
   double cost = 0;  // its plan_cost in microseconds (choose_plan's, with the device's resident clusters)
+  int block_m = kBlockM;  // the tile's rows: kBlockM, or the forward's kNarrowBlockM
 };
 
 // Clusters that fit on the GPU at once, by cluster size (2: the paired tiles; 4, 8: in-cluster splits).
@@ -252,11 +258,11 @@ inline int64_t cluster_tiles(int64_t m_tiles, int64_t n_tiles, bool along_n) {
 // L2 reads a CTA a k-block instead of 22).
 // An operand copied along the concatenation (CoreShape::span_copy) is each CTA's own cp.async copy,
 // which a pair cannot share: the pair shares the other one (A copied: pairs of rows; B: of columns).
-inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n, SpanCopy span_copy) {
+inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_m, int block_n, SpanCopy span_copy) {
   if (span_copy != SpanCopy::kNone) return span_copy == SpanCopy::kB;
   const int64_t along_n = cluster_tiles(m_tiles, n_tiles, true);
   const int64_t along_m = cluster_tiles(m_tiles, n_tiles, false);
-  return block_n == 64 || along_n < along_m || (along_n == along_m && block_n < kBlockM);
+  return block_n == 64 || along_n < along_m || (along_n == along_m && block_n < block_m);
 }
 
 // Time of one plan in microseconds, from what limits it (benchmarks/NOTES.md, "GEMM core", has
@@ -317,8 +323,11 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
                                : s.span_copy == SpanCopy::kB
                                    ? k.span_b_kblock_us + k.span_b_kblock_us_per_64 * plan.block_n / 64.0
                                    : 0.0;
-  const double kblock_us = std::max(kblock_us_of(plan.block_n, k), span_floor_us);
-  const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, kBlockM);
+  // A narrow tile's k-block copies (64 + N) operand rows instead of (128 + N): its time by those bytes
+  // (the narrow tiles' calls are bound by each SM's L2 -> SM traffic, not by the tensor cores).
+  const double rows_ratio = static_cast<double>(plan.block_m + plan.block_n) / (kBlockM + plan.block_n);
+  const double kblock_us = std::max(kblock_us_of(plan.block_n, k) * rows_ratio, span_floor_us);
+  const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, plan.block_m);
   const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, plan.block_n);
   const double rows = static_cast<double>(s.m_outer * s.m_inner);
   const double columns = static_cast<double>(s.n_groups * s.n_group_width);
@@ -336,7 +345,8 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
     const double cluster_job_us = job_us + plan.kblocks_per_split * kblock_us * step_fill * unshared;
     return std::max(static_cast<double>(rounds) * (cluster_job_us + k.cluster_slice_us * plan.splits), hbm_us);
   }
-  const int64_t jobs = cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n, s.span_copy)) * plan.splits;
+  const int64_t jobs =
+      cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_m, plan.block_n, s.span_copy)) * plan.splits;
   const int64_t rounds = ceil_div(jobs, std::max(1, resident.pairs));
   double cost = std::max(static_cast<double>(rounds) * job_us, hbm_us);
   if (plan.splits > 1) cost += rows * columns * (8.0 * plan.splits + 2.0) / k.split_bytes_per_us + k.split_launch_us;
@@ -352,9 +362,14 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // The widths of this orientation, widest first (problem.cuh).
   const int* const widths = s.token_tiles ? kTokenWidths : kCoreWidths;
   const size_t width_count = s.token_tiles ? std::size(kTokenWidths) : std::size(kCoreWidths);
-  CorePlan best{forced.block_n != 0 ? forced.block_n : widths[0], 1, static_cast<int>(kblocks), false};
+  // Narrow tiles forced (m64): 64 wide, no split in the cluster.
+  const int block_m = forced.block_m != 0 ? forced.block_m : kBlockM;
+  const bool narrow = block_m == kNarrowBlockM;
+  CorePlan best{forced.block_n != 0 ? forced.block_n : narrow ? 64 : widths[0], 1, static_cast<int>(kblocks), false};
+  best.block_m = block_m;
   double best_cost = 1e300;
-  auto consider = [&](const CorePlan& plan) {
+  auto consider = [&](CorePlan plan) {
+    plan.block_m = block_m;
     const double cost = plan_cost(s, plan, resident);
     if (cost < best_cost * 0.97) {  // a rival must win by 3% to displace the simpler plan
       best_cost = cost;
@@ -364,7 +379,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   };
   for (size_t w = 0; w < width_count; ++w) {
     const int block_n = widths[w];
-    if (forced.block_n != 0 && block_n != forced.block_n) continue;
+    if ((forced.block_n != 0 && block_n != forced.block_n) || (narrow && block_n != 64)) continue;
     if (s.token_tiles) {  // no split: the tokens' tiles are few only where the product is small
       consider({block_n, 1, static_cast<int>(kblocks), false});
       continue;
@@ -379,6 +394,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       if (per_split < 4 && splits > 1) break;
       if (ceil_div(kblocks, per_split) == splits) consider({block_n, splits, static_cast<int>(per_split), false});
     }
+    if (narrow) continue;
     const int64_t tiles = s.m_outer * ceil_div(s.m_inner, kBlockM) * s.n_groups * ceil_div(s.n_group_width, block_n);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(kblocks, slices);
@@ -392,6 +408,22 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
                                                     : per_split * (slices - 1) >= kblocks || tiles > resident.of(slices) ||
                                                           s.span_copy == SpanCopy::kB);
       if (!skip) consider({block_n, slices, static_cast<int>(per_split), true});
+    }
+  }
+  // The forward's narrow tiles, unsplit, against an unsplit plan only: twice the CTAs at 2/3 of the
+  // bytes a 64-wide k-block, where the plan's CTAs are too few to fill the SMs. A split already
+  // doubles the CTAs, and where the model splits, the narrow tiles lost to the split (run 151, H100:
+  // R=16 H=80 K=1280 at 100-333 rows 1.06-1.07x its n64/c2, R=32 H=96 K=3072 at 100-128 rows 1.25x
+  // its n64/c2) while they won 7-12% over unsplit n64 (R=12 H=64 K=768 and R=3 H=256 K=1000 at
+  // 100-512 rows, R=8 H=80 K=2048 at 100-256) and lost where their twice the tiles take two rounds.
+  const bool plan_free = forced.block_n == 0 && forced.splits == 0 && forced.cluster_splits == 0 && forced.block_m == 0;
+  if (plan_free && s.narrow_tiles && best.splits == 1) {
+    CorePlan narrow_plan{64, 1, static_cast<int>(kblocks), false};
+    narrow_plan.block_m = kNarrowBlockM;
+    const double cost = plan_cost(s, narrow_plan, resident);
+    if (cost < best_cost * 0.97) {
+      best = narrow_plan;
+      best.cost = cost;
     }
   }
   return best;
