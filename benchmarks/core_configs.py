@@ -113,7 +113,7 @@ def measure(args):
 # The plan model of csrc/kernels/sm90/schedule.cuh (plan_cost), in Python, its constants a dict.
 CONSTANTS = ("kblock_us_256", "kblock_us_192", "kblock_us_128", "kblock_us_64", "job_us", "hbm_bytes_per_us", "split_bytes_per_us",
              "split_launch_us", "cluster_slice_us", "cluster_unshared", "span_kblock_us", "span_b_kblock_us",
-             "span_b_kblock_us_per_64")
+             "span_b_kblock_us_per_64", "tail_kblock_us")
 
 
 def tile_counts(shape, block_n, block_m=128):
@@ -142,6 +142,12 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
                   "B": p["span_b_kblock_us"] + p["span_b_kblock_us_per_64"] * block_n / 64}.get(shape.get("span_copy"), 0.0)
     # a narrow tile's k-block copies (64 + N) operand rows instead of (128 + N)
     kb_us = max(kblock_us(block_n, p) * (block_m + block_n) / (128 + block_n), span_floor)
+    # a packed tail k-block: its copy of 64 / tail times the box rows bounds it where a CTA walks
+    # several tiles (schedule.cuh)
+    tail_extra = 0.0
+    if shape.get("tail_kblocks"):
+        tail_us = p["tail_kblock_us"] * 16 * shape["k_groups"] / shape["tail_elements"]
+        tail_extra = min(shape["tail_kblocks"], per_split) * max(0.0, tail_us - kb_us)
     job_us = per_split * kb_us * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
         rounds = math.ceil(m_tiles * n_tiles / resident[splits])
@@ -154,7 +160,8 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     columns_paired = copied == "B" if copied else (block_n == 64 or pair_columns < pair_rows
                                                    or (pair_columns == pair_rows and block_n < block_m))
     jobs = (pair_columns if columns_paired else pair_rows) * splits
-    cost = max(math.ceil(jobs / resident["pairs"]) * job_us, hbm_us)
+    rounds = math.ceil(jobs / resident["pairs"])
+    cost = max(rounds * (job_us + (tail_extra if rounds > 1 else 0.0)), hbm_us)
     if splits > 1:
         cost += rows * columns * (8.0 * splits + 2) / p["split_bytes_per_us"] + p["split_launch_us"]
     return cost
@@ -360,7 +367,8 @@ def fit(path, kinds, layout="span"):
                 hbm_bytes_per_us=[1.5e6, 2e6, 2.5e6, 3e6, 3.5e6, 4e6, 5e6], split_bytes_per_us=[0.5e6, 1e6, 1.5e6, 2e6, 3e6],
                 split_launch_us=[1.0, 2.0, 3.0, 4.0, 6.0], cluster_slice_us=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
                 cluster_unshared=[0.0, 0.1, 0.2, 0.3, 0.5], span_kblock_us=[0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6],
-                span_b_kblock_us=[0.15, 0.2, 0.23, 0.3], span_b_kblock_us_per_64=[0.1, 0.13, 0.16, 0.2])
+                span_b_kblock_us=[0.15, 0.2, 0.23, 0.3], span_b_kblock_us_per_64=[0.1, 0.13, 0.16, 0.2],
+                tail_kblock_us=[0.0, 0.45, 0.7, 0.9, 1.2])
     p = {k: v[len(v) // 2] for k, v in grid.items()}
 
     def score(q):
