@@ -146,7 +146,7 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     # several tiles (schedule.cuh)
     tail_extra = 0.0
     if shape.get("tail_kblocks"):
-        tail_us = p["tail_kblock_us"] * 16 * shape["k_groups"] / shape["tail_elements"]
+        tail_us = p["tail_kblock_us"] * 16 * shape["k_groups"] / shape["tail_elements"] * (block_m + block_n) / (128 + block_n)
         tail_extra = min(shape["tail_kblocks"], per_split) * max(0.0, tail_us - kb_us)
     job_us = per_split * kb_us * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
@@ -310,7 +310,7 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     shapes = {False: core_shape(rec, kind, skips_fill, shard_layout),
               True: core_shape(rec, kind, skips_fill, shard_layout, token_tiles=True)}
     first_only = kind == "fwd" and shard_layout != "per_shard" and rec["H"] % 64 in (16, 32)
-    shard_keys = [k for k in keys if not k.endswith("/span") and k != NARROW_KEY]
+    shard_keys = [k for k in keys if not k.endswith("/span") and "/m64" not in k]  # (the narrow tiles: below)
     candidates = _plans(kind, p, shard_keys, shapes, first_only, resident)
     if not candidates:
         return None, []
@@ -325,7 +325,7 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     chosen, eligible = best[swaps][1], [c[1] for c in candidates]
     if spans:
         span_keys = sorted({k.removesuffix("/span") for k in keys
-                            if int(k.split("/")[1][1:]) not in TOKEN_WIDTHS and k != NARROW_KEY})
+                            if int(k.split("/")[1][1:]) not in TOKEN_WIDTHS and "/m64" not in k})
         span = _cheapest_along_concatenation(rec, kind, p, span_keys, skips_fill, resident)
         if span:
             charged = {sw: dict(shape, skips_fill=False) for sw, shape in shapes.items()}

@@ -507,6 +507,30 @@ def test_the_plan_model_splits_in_the_cluster_up_to_the_kernels_widest_tile():
     assert not any(c.startswith("sm90_gemm/n256/c") for c in core_configs.CONFIGS)
 
 
+def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
+    # choose_plan's last step (mirrored by core_configs.pick): the 64-row tiles replace an unsplit
+    # 128-row plan where the doubled tiles fit one round (run 151: 0.88-0.93x), never a split plan
+    # (they lost to each split the plan took) nor where they take two rounds; and a packed tail
+    # k-block's copy makes several-round plans of the 80-wide heads take n256 (run 157), not a
+    # one-round plan's slices
+    import core_configs
+
+    constants = _shipped_plan_constants()
+
+    def picked(R, H, K, rows, p=constants):
+        rec = dict(R=R, H=H, K=K, rows=rows)
+        key, _ = core_configs.pick(rec, "fwd", p, core_configs.plan_keys(rec, "fwd"))
+        return core_configs.dispatch_name(key)
+
+    assert picked(12, 64, 768, 256) == "sm90_gemm/n64/s1/m64"
+    assert picked(12, 64, 768, 1024) == "sm90_gemm/n64/s1"  # two rounds of narrow tiles
+    assert picked(16, 80, 1280, 256) == "sm90_gemm/n64/c2"  # split: not weighed
+    assert picked(16, 80, 1280, 8192) == "sm90_gemm/n256/s1"
+    assert picked(16, 80, 1280, 8192, dict(constants, tail_kblock_us=0.0)) == "sm90_gemm/n128/s1"
+    assert picked(16, 80, 1280, 1024) == "sm90_gemm/n128/s1"  # one round: the tails' copy is not charged
+    assert picked(20, 64, 1280, 8192) == "sm90_gemm/n128/s1"  # no tails
+
+
 def test_plan_constants_match_the_fitted_model():
     # schedule.cuh's kPlanConstants, run through core_configs.py's mirror of plan_cost, still pick
     # near the fastest forced configuration of the sweep they were fitted to (run 29), of one they

@@ -26,7 +26,7 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
 TOKEN_CONFIGS = ["sm90_gemm/n96", "sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
 # The forward's narrow tiles (64 rows, one consumer warpgroup, 64 wide), unsplit and split across the
 # grid; the backward products do not take them.
-NARROW_CONFIGS = ["sm90_gemm/m64", "sm90_gemm/n64/s3/m64"]
+NARROW_CONFIGS = ["sm90_gemm/m64", "sm90_gemm/n64/s1/m64", "sm90_gemm/n64/s3/m64"]
 # x's operand along the concatenation, forced ("span": H % 64 != 0 only): the forward's k-blocks
 # and grad_weight's columns, at each width, split across the grid and in the cluster.
 SPAN_CONFIGS = ["sm90_gemm/span", "sm90_gemm/n64/span", "sm90_gemm/n128/s3/span", "sm90_gemm/n192/span",
@@ -130,15 +130,32 @@ def test_narrow_tiles_are_the_forwards_64_wide_unsplit_in_the_cluster():
     x = make_x(2, (130,), 64, torch.bfloat16, "cuda")
     w, b = make_params(2, 64, 72, torch.bfloat16, "cuda")
     g = torch.randn(130, 72, dtype=torch.bfloat16, device="cuda")
-    why = "m64 .64-row tiles. runs the forward only, 64 wide .n64., a shard at a time .not 'span'., without a split"
-    for product in (lambda: run_op(x, w, b, "sm90_gemm/n128/m64"), lambda: run_op(x, w, b, "sm90_gemm/c2/m64"),
-                    lambda: run_op(make_x(2, (130,), 48, torch.bfloat16, "cuda"),
-                                   *make_params(2, 48, 72, torch.bfloat16, "cuda"), "sm90_gemm/span/m64"),
-                    lambda: _grad_x(g, w, 2, "sm90_gemm/m64"), lambda: _grad_weight(g, x, "sm90_gemm/m64")):
-        with pytest.raises(RuntimeError, match=why):
-            product()
-    with pytest.raises(RuntimeError, match="not a token width|runs the forward only"):
-        run_op(x, w, b, "sm90_gemm/n176/m64")
+    cases = [  # (what the error says, the call)
+        ("m64 .64-row tiles. runs 64 wide .n64., not n128", lambda: run_op(x, w, b, "sm90_gemm/n128/m64")),
+        ("m64 .64-row tiles. takes no split in the cluster, not c2", lambda: run_op(x, w, b, "sm90_gemm/c2/m64")),
+        ("m64 .64-row tiles. runs the forward a shard at a time, not 'span'",
+         lambda: run_op(make_x(2, (130,), 48, torch.bfloat16, "cuda"), *make_params(2, 48, 72, torch.bfloat16, "cuda"),
+                        "sm90_gemm/span/m64")),
+        ("m64 .64-row tiles. runs the forward only, not grad_x", lambda: _grad_x(g, w, 2, "sm90_gemm/m64")),
+        ("m64 .64-row tiles. runs the forward only, not grad_weight", lambda: _grad_weight(g, x, "sm90_gemm/m64")),
+        ("m64 .64-row tiles. runs the forward only, not the swapped forward", lambda: run_op(x, w, b, "sm90_gemm/n176/m64")),
+    ]
+    for match, call in cases:
+        with pytest.raises(RuntimeError, match=match):
+            call()
+
+
+@pytest.mark.parametrize("config", ["sm90_gemm/n64/s1/m64", "sm90_gemm/n64/s3/m64"])
+@pytest.mark.parametrize("shape", [(4, (1000,), 80, 1100), (3, (2, 700), 96, 900)], ids=str)
+def test_narrow_tiles_walk_several_tiles_with_packed_tails(config, shape):
+    # more 64-row tile pairs than fit at once (each CTA walks several), over packed shard tails of 4
+    # and 2 shards a k-block, a 4-D x among them
+    R, batch, H, K = shape
+    x = make_x(R, batch, H, torch.bfloat16, "cuda")
+    w, b = make_params(R, H, K, torch.bfloat16, "cuda")
+    out = run_op(x, w, b, config)
+    assert_close_to_float64(out, x, w, b)
+    assert torch.equal(run_op(x, w, b, config), out)
 
 
 def test_span_needs_a_width_that_is_not_a_multiple_of_64():

@@ -72,7 +72,7 @@ struct ForcedConfig {
   // How x's operand is tiled, the forward's k-blocks and grad_weight's columns (grad_x has one
   // layout and ignores it): 0 the plan's, kShardLayout ("shards"), kSpanLayout ("span")
   int layout = 0;
-  int block_m = 0;  // m64: the forward's 64-row tiles (one consumer warpgroup, 64 wide); 0 the plan's 128
+  int block_m = 0;  // m64: the forward's 64-row tiles (one consumer warpgroup, 64 wide); 0 the plan's choice
 };
 constexpr int kShardLayout = 1;  // a shard at a time (a shard's last block partly zeros, or tails packed)
 constexpr int kSpanLayout = 2;   // along the concatenation, copied by cp.async (H % 64 != 0 only)

@@ -201,7 +201,7 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
     }
     args.tail_shards = static_cast<int>(tail > 0 && !chosen.spans_shards ? kBlockK / tail : 0);
     args.tail_h = static_cast<int>(p.shard_width - tail);
-    const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes
+    const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes (a narrow tile's one)
     // A by cp.async (x_map unused but for its prefetch), W along its rows
     if (chosen.spans_shards) set_span_source(args, p, rows);
     auto w_map_for = [&](int block_n) {

@@ -39,8 +39,8 @@
 // loads half of it (alternate boxes: 2 + 1 of a 192-wide MN-major panel) and multicasts it to both
 // (L2 -> SM traffic per tile 48 -> 32 KB a k-block at 256, where the unshared panel would need
 // ~9 TB/s of L2 bandwidth); along N (one or an odd number of row tiles, and always at 64 wide,
-// where A is the larger tile and an MN-major B is a single box) they share the A panel the same
-// way. Or, for few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction (up to 192
+// where A is the larger tile, or as large, and an MN-major B is a single box) they share the A
+// panel the same way (a narrow tile's single A box: the first CTA copies it to both). Or, for few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction (up to 192
 // wide) and add it up in distributed shared memory. The tile walk and the split of the reduction
 // are schedule.cuh's; the stores are epilogue.cuh's.
 #pragma once
@@ -64,9 +64,11 @@ namespace sm90 {
 
 enum class GemmKind { kForward, kGradInput, kGradWeight, kForwardSwapped };
 
-// A tile of kTileM rows (kBlockM, or the forward's kNarrowBlockM) has a consumer warpgroup a 64 rows.
+// A tile of kTileM rows (kBlockM, or the forward's kNarrowBlockM) has a consumer warpgroup a
+// kConsumerRows rows (one m64nNk16 wgmma chain).
+constexpr int kConsumerRows = 64;
 template <int kTileM>
-constexpr int kConsumersOf = kTileM / 64;
+constexpr int kConsumersOf = kTileM / kConsumerRows;
 template <int kTileM>
 constexpr int kThreadsOf = 128 * (1 + kConsumersOf<kTileM>);
 constexpr int kProducerRegisters = 40;
@@ -237,7 +239,7 @@ __device__ __forceinline__ LiveParts live_parts(const TileCoord& c, const CoreAr
 }
 
 // The producer's copies for k-block `kb` (at `cur`) of tile `c` into one stage (all complete on
-// `bar`). A is two 64-row (or, MN-major, 64-column) boxes of 8 KB; B is two K-major halves (the
+// `bar`). A is two 64-row (or, MN-major, 64-column) boxes of 8 KB, one of a narrow tile; B is two K-major halves (the
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
 // between its CTAs, each multicasting its part; the other one each CTA loads whole for itself.
 // The forward's packed tail k-blocks come through the tail maps, from shard (kb - first) * shards.
@@ -457,7 +459,7 @@ __device__ __forceinline__ uint64_t a_descriptor(const uint8_t* a_tile, int cons
   if constexpr (Majorness<kKind>::kTransA) {
     return mn_major_swizzle128_descriptor(a_tile + consumer * kMnBlockBytes, kMnBlockBytes);
   } else {
-    return k_major_swizzle128_descriptor(a_tile + consumer * (kBlockM / 2) * 128);
+    return k_major_swizzle128_descriptor(a_tile + consumer * kConsumerRows * 128);
   }
 }
 template <GemmKind kKind>
@@ -712,7 +714,7 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
           constexpr int kRowBytes = 128 / kShards;
           mma_kblock<4, kKind, Element, kBlockN>(
               acc, k_major_swizzled_descriptor(a_tiles + stage * Tile::kATileBytes + consumer * kMnBlockBytes, kRowBytes),
-              shard_tail_k_steps<kBlockM / 2, kShards>(),
+              shard_tail_k_steps<kConsumerRows, kShards>(),
               k_major_swizzled_descriptor(b_tiles + stage * Tile::kBTileBytes, kRowBytes),
               shard_tail_k_steps<kBlockN, kShards>(), first);
         } else {
@@ -878,7 +880,8 @@ struct NoTailMaps {
 };
 
 // The plan of one product: `forced` checked against the kind (the swapped forward takes only the
-// token widths, without a split; the other kinds only n64-n256, split in the cluster up to n192), then
+// token widths, without a split; the other kinds only n64-n256, split in the cluster up to n192; the
+// narrow tiles, m64, only the forward a shard at a time, 64 wide, unsplit in the cluster), then
 // choose_plan over what it allows.
 template <GemmKind kKind, typename Element>
 CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_index) {
@@ -892,10 +895,17 @@ CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_i
   STD_TORCH_CHECK(forced.cluster_splits == 0 || forced.block_n <= kWidestClusterSplit, "vga sm90_gemm: tile width n",
                   forced.block_n, " takes no split in the cluster (its partial tile and its peers' rows do not fit the "
                   "shared memory); c", forced.cluster_splits, " runs at widths up to n", kWidestClusterSplit);
-  STD_TORCH_CHECK(forced.block_m == 0 || (kKind == GemmKind::kForward && shape.span_copy == SpanCopy::kNone &&
-                                           (forced.block_n == 0 || forced.block_n == 64) && forced.cluster_splits == 0),
-                  "vga sm90_gemm: m64 (64-row tiles) runs the forward only, 64 wide (n64), a shard at a time "
-                  "(not 'span'), without a split in the cluster");
+  if (forced.block_m != 0) {
+    const char* kind = kKind == GemmKind::kGradInput    ? "grad_x"
+                       : kKind == GemmKind::kGradWeight ? "grad_weight"
+                                                        : "the swapped forward (a token width)";
+    STD_TORCH_CHECK(kKind == GemmKind::kForward, "vga sm90_gemm: m64 (64-row tiles) runs the forward only, not ", kind);
+    STD_TORCH_CHECK(shape.narrow_tiles, "vga sm90_gemm: m64 (64-row tiles) runs the forward a shard at a time, not 'span'");
+    STD_TORCH_CHECK(forced.block_n == 0 || forced.block_n == 64, "vga sm90_gemm: m64 (64-row tiles) runs 64 wide (n64), not n",
+                    forced.block_n);
+    STD_TORCH_CHECK(forced.cluster_splits == 0, "vga sm90_gemm: m64 (64-row tiles) takes no split in the cluster, not c",
+                    forced.cluster_splits, " (s<k> across the grid it takes)");
+  }
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
 
@@ -999,8 +1009,9 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
       launch_core_kernel<kKind, Element, 96, false>(a_map, b_map, tails, args, clusters, stream);
     }
   } else if (plan.block_m == kNarrowBlockM) {
-    STD_TORCH_CHECK(kKind == GemmKind::kForward && plan.block_n == 64 && !plan.in_cluster,
-                    "vga sm90_gemm: the 64-row tiles are the forward's, 64 wide, without a split in the cluster");
+    STD_TORCH_CHECK(kKind == GemmKind::kForward && plan.block_n == 64 && !plan.in_cluster && !args.span_shards,
+                    "vga sm90_gemm: the 64-row tiles are the forward's, 64 wide, a shard at a time, without a split in "
+                    "the cluster");
     if constexpr (kKind == GemmKind::kForward) {
       launch_core_kernel<kKind, Element, 64, false, kNarrowBlockM>(a_map, b_map, tails, args, clusters, stream);
     }

@@ -252,7 +252,8 @@ inline int64_t cluster_tiles(int64_t m_tiles, int64_t n_tiles, bool along_n) {
   return along_n ? m_tiles * ceil_div(n_tiles, kClusterM) : ceil_div(m_tiles, kClusterM) * n_tiles;
 }
 // 64-wide tiles always pair columns: their B tile is one MN-major box for the backward kinds (not
-// split between two CTAs), and their A tile is the larger operand, so sharing it saves the most.
+// split between two CTAs), and their A tile is the larger operand (as large, a narrow tile's), so
+// sharing it saves the most.
 // Where both pairings leave as many CTAs idle, the pair shares the larger tile likewise: A (128
 // rows) against the swapped forward's 96- and 112-token B (at 333 rows of K = 4096, n96: 20 KB of
 // L2 reads a CTA a k-block instead of 22).
@@ -270,7 +271,9 @@ inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_m, int bloc
 //  * rounds: the persistent grid of resident clusters runs ceil(jobs / clusters) rounds, a job
 //    being one slice of one cluster tile; each round is as long as one job: its k-blocks at the
 //    tile width's k-block time (a 128 x N x 64 step: tensor-core time for N = 256, the operands'
-//    L2 -> SM traffic for the narrower tiles), plus a job's fixed cost (pipeline fill, epilogue);
+//    L2 -> SM traffic for the narrower tiles; a 64-row tile's by the operand rows it copies), plus a
+//    job's fixed cost (pipeline fill, epilogue); a packed tail k-block at least its copy's time
+//    where a CTA walks several tiles;
 //  * HBM: no plan beats reading A and B and writing the output once (a floor, not a sum: the
 //    streams overlap the MMAs);
 //  * a split across the grid adds its fp32 partial sums' traffic (written and read once) and the
@@ -350,7 +353,7 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   double tail_extra_us = 0.0;
   if (s.tail_kblocks > 0) {
     const double tail_columns = static_cast<double>(s.tail_elements) / static_cast<double>(s.k_groups);  // a shard's
-    const double tail_us = k.tail_kblock_us * 16.0 / tail_columns;
+    const double tail_us = k.tail_kblock_us * 16.0 / tail_columns * rows_ratio;  // (a narrow tile copies fewer rows)
     tail_extra_us = static_cast<double>(std::min<int64_t>(s.tail_kblocks, plan.kblocks_per_split)) *
                     std::max(0.0, tail_us - kblock_us);
   }
@@ -432,7 +435,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // R=16 H=80 K=1280 at 100-333 rows 1.06-1.07x its n64/c2, R=32 H=96 K=3072 at 100-128 rows 1.25x
   // its n64/c2) while they won 7-12% over unsplit n64 (R=12 H=64 K=768 and R=3 H=256 K=1000 at
   // 100-512 rows, R=8 H=80 K=2048 at 100-256) and lost where their twice the tiles take two rounds.
-  const bool plan_free = forced.block_n == 0 && forced.splits == 0 && forced.cluster_splits == 0 && forced.block_m == 0;
+  const bool plan_free = forced.block_n == 0 && forced.splits <= 1 && forced.cluster_splits == 0 && forced.block_m == 0;
   if (plan_free && s.narrow_tiles && best.splits == 1) {
     CorePlan narrow_plan{64, 1, static_cast<int>(kblocks), false};
     narrow_plan.block_m = kNarrowBlockM;
