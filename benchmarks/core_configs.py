@@ -142,12 +142,6 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
                   "B": p["span_b_kblock_us"] + p["span_b_kblock_us_per_64"] * block_n / 64}.get(shape.get("span_copy"), 0.0)
     # a narrow tile's k-block copies (64 + N) operand rows instead of (128 + N)
     kb_us = max(kblock_us(block_n, p) * (block_m + block_n) / (128 + block_n), span_floor)
-    # a packed tail k-block: its copy of 64 / tail times the box rows bounds it where a CTA walks
-    # several tiles (schedule.cuh)
-    tail_extra = 0.0
-    if shape.get("tail_kblocks"):
-        tail_us = p["tail_kblock_us"] * 16 * shape["k_groups"] / shape["tail_elements"] * (block_m + block_n) / (128 + block_n)
-        tail_extra = min(shape["tail_kblocks"], per_split) * max(0.0, tail_us - kb_us)
     job_us = per_split * kb_us * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
         rounds = math.ceil(m_tiles * n_tiles / resident[splits])
@@ -161,7 +155,13 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
                                                    or (pair_columns == pair_rows and block_n < block_m))
     jobs = (pair_columns if columns_paired else pair_rows) * splits
     rounds = math.ceil(jobs / resident["pairs"])
-    cost = max(rounds * (job_us + (tail_extra if rounds > 1 else 0.0)), hbm_us)
+    # a packed tail k-block: its copy of 64 / tail times the box rows bounds it where a CTA walks
+    # several tiles (schedule.cuh)
+    tail_extra = 0.0
+    if rounds > 1 and shape.get("tail_kblocks"):
+        tail_us = p["tail_kblock_us"] * 16 * shape["k_groups"] / shape["tail_elements"] * (block_m + block_n) / (128 + block_n)
+        tail_extra = min(shape["tail_kblocks"], per_split) * max(0.0, tail_us - kb_us)
+    cost = max(rounds * (job_us + tail_extra), hbm_us)
     if splits > 1:
         cost += rows * columns * (8.0 * splits + 2) / p["split_bytes_per_us"] + p["split_launch_us"]
     return cost

@@ -836,7 +836,7 @@ inline ClusterResidency resident_cluster_ctas(int smem, int slices, int device, 
                   " CTAs; the split takes 2, 4 or 8");
   const int slot = slices == 2 ? 0 : slices == 4 ? 1 : 2;
   const auto [clusters, per_sm] = cache.get(device, slot, [&] {
-    opt_in_shared_memory<kKernel>(smem, family);
+    opt_in_shared_memory<kKernel>(smem, device, family);
     KernelLaunch launch(dim3(slices, 1, 1), kThreadCount, smem, nullptr, slices, false);
     int asked_clusters = 0;
     int asked_per_sm = 0;
@@ -858,9 +858,9 @@ inline ClusterResidency resident_cluster_ctas(int smem, int slices, int device, 
 // Launch grid (slices, row_tiles) of kThreadCount-thread CTAs, as clusters of `slices` CTAs
 // along grid x when slices > 1 (sm90_skinny launches through this too, programmatic: launch.cuh).
 template <auto kKernel, int kThreadCount = kThreads, typename... Args>
-inline void launch_skinny(const char* family, int smem, const LaunchPlan& plan, cudaStream_t stream,
+inline void launch_skinny(const char* family, int smem, int device, const LaunchPlan& plan, cudaStream_t stream,
                           bool programmatic, const Args&... args) {
-  opt_in_shared_memory<kKernel>(smem, family);
+  opt_in_shared_memory<kKernel>(smem, device, family);
   KernelLaunch launch(dim3(plan.slices, plan.row_tiles, 1), kThreadCount, smem, stream, plan.slices, programmatic);
   launch(kKernel, args...);
 }
@@ -869,12 +869,12 @@ inline void launch_skinny(const char* family, int smem, const LaunchPlan& plan, 
 // the kernel opts in to the largest first.
 template <auto kKernel, typename Cfg>
 inline void plan_and_launch(const ForwardProblem& p, cudaStream_t stream) {
-  opt_in_shared_memory<kKernel>(Cfg::shared_bytes(kMaxClusterSlices), "skinny");
+  opt_in_shared_memory<kKernel>(Cfg::shared_bytes(kMaxClusterSlices), p.device_index, "skinny");
   const LaunchPlan plan =
       plan_launch(p, Cfg::kRowsPerCta, Cfg::kChunk, /*one_cta_per_sm_rules=*/false, [&](int slices) {
         return resident_cluster_ctas<kKernel>(Cfg::shared_bytes(slices), slices, p.device_index, "skinny");
       });
-  launch_skinny<kKernel>("skinny", Cfg::shared_bytes(plan.slices), plan, stream, /*programmatic=*/false,
+  launch_skinny<kKernel>("skinny", Cfg::shared_bytes(plan.slices), p.device_index, plan, stream, /*programmatic=*/false,
                          make_params(p, plan.slice_len));
 }
 

@@ -245,7 +245,7 @@ inline void launch_stream(const ForwardProblem& p, cudaStream_t stream) {
   args.kblocks_per_slice = static_cast<int>(ceil_div(args.num_kblocks, plan.slices));
   args.epilogue = skinny_detail::make_params(p, 0);
 
-  skinny_detail::launch_skinny<kKernel, kThreads>("sm90_skinny", Cfg::kSharedBytes, plan, stream,
+  skinny_detail::launch_skinny<kKernel, kThreads>("sm90_skinny", Cfg::kSharedBytes, p.device_index, plan, stream,
                                                   /*programmatic=*/true, x_map, w_map, tails.a, tails.b, args);
 }
 

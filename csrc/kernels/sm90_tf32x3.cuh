@@ -336,7 +336,7 @@ static inline void launch(const ForwardProblem& p, cudaStream_t stream, const sm
   args.a_is_4d = rows.four_d ? 1 : 0;
   args.scatter = scatter;
 
-  opt_in_shared_memory<tf32x3_gemm_kernel>(kSharedBytes, "sm90_tf32x3");
+  opt_in_shared_memory<tf32x3_gemm_kernel>(kSharedBytes, p.device_index, "sm90_tf32x3");
   // The group raster ends on a partial group: grid = all tiles, every CTA maps to one of them.
   const int64_t tiles = static_cast<int64_t>(args.m_tiles) * args.n_tiles;
   tf32x3_gemm_kernel<<<static_cast<unsigned>(tiles), kThreads, kSharedBytes, stream>>>(x_map, w_map, args);

@@ -40,8 +40,9 @@
 // (L2 -> SM traffic per tile 48 -> 32 KB a k-block at 256, where the unshared panel would need
 // ~9 TB/s of L2 bandwidth); along N (one or an odd number of row tiles, and always at 64 wide,
 // where A is the larger tile, or as large, and an MN-major B is a single box) they share the A
-// panel the same way (a narrow tile's single A box: the first CTA copies it to both). Or, for few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction (up to 192
-// wide) and add it up in distributed shared memory. The tile walk and the split of the reduction
+// panel the same way (a narrow tile's single A box: the first CTA copies it to both). Or, for
+// few tiles, in clusters of S = 2, 4 or 8 that split one tile's reduction (up to 192 wide) and
+// add it up in distributed shared memory. The tile walk and the split of the reduction
 // are schedule.cuh's; the stores are epilogue.cuh's.
 #pragma once
 
@@ -214,13 +215,13 @@ __device__ __forceinline__ int stage_before(int stage, int back) {
 // How many of a tile's operand parts (from the first) hold any of the product: A's 64-row boxes
 // (two, or a narrow tile's one; rows of the tile past m_inner have none), and B's kBParts parts
 // where the output's columns run along them (the forward's and grad_x's B; grad_weight's B columns
-// may cross shards and are all copied). A box wholly past its extent is not copied: TMA would only zero-fill it, and that
-// costs at least what a full box costs (run 125's forced timings, H100: at K = 8192, 64 rows took
-// 26-30% longer than 100 or 128 with 64-wide tiles, 14-17% with 128-wide ones; the swapped
-// forward's 176-token tiles 85-91 µs at 256 rows, whose last tile's second half is empty, against
-// 66-73 at 333). Its part of the stage keeps stale data, which reaches only output rows (or
-// columns) past the extent, which the epilogues never store; the in-cluster and grid splits sum
-// them into rows (columns) equally unstored.
+// may cross shards and are all copied). A box wholly past its extent is not copied: TMA would
+// only zero-fill it, and that costs at least what a full box costs (run 125's forced timings,
+// H100: at K = 8192, 64 rows took 26-30% longer than 100 or 128 with 64-wide tiles, 14-17% with
+// 128-wide ones; the swapped forward's 176-token tiles 85-91 µs at 256 rows, whose last tile's
+// second half is empty, against 66-73 at 333). Its part of the stage keeps stale data, which
+// reaches only output rows (or columns) past the extent, which the epilogues never store; the
+// in-cluster and grid splits sum them into rows (columns) equally unstored.
 struct LiveParts {
   int a;
   int b;
@@ -229,7 +230,7 @@ struct LiveParts {
 template <GemmKind kKind, int kBlockN, int kTileM>
 __device__ __forceinline__ LiveParts live_parts(const TileCoord& c, const CoreArgs& args) {
   constexpr int kBParts = kBPartsOf<kKind, kBlockN>;
-  LiveParts live{kTileM > 64 && args.m_inner - c.inner0 > 64 ? 2 : 1, kBParts};
+  LiveParts live{kTileM > kConsumerRows && args.m_inner - c.inner0 > kConsumerRows ? 2 : 1, kBParts};
   if constexpr (kKind != GemmKind::kGradWeight) {
     constexpr int kPartWidth = kBlockN / kBParts;
     const int columns_left = args.n_group_width - c.n0;
@@ -788,13 +789,13 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
 
 // ------------------------------------------------------------------ host
 
-// One kernel's shared-memory opt-in on the current device, and how many clusters of
+// One kernel's shared-memory opt-in on `device` (the current one), and how many clusters of
 // `cluster_size` of its CTAs fit at once (GPCs may leave SMs unpaired).
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTileM = kBlockM>
-int max_active_clusters(int cluster_size) {
+int max_active_clusters(int cluster_size, int device) {
   using Tile = TileShape<kBlockN, kTileM>;
   constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0, false, kTileM>;
-  opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
+  opt_in_shared_memory<kernel>(Tile::kSharedBytes, device, "sm90_gemm");
   KernelLaunch launch(dim3(cluster_size), kThreadsOf<kTileM>, Tile::kSharedBytes, nullptr, cluster_size, false);
   int clusters = 0;
   const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
@@ -804,23 +805,23 @@ int max_active_clusters(int cluster_size) {
 }
 
 template <GemmKind kKind, typename Element, bool kInCluster>
-int max_active_clusters_of_every_width(int cluster_size) {
+int max_active_clusters_of_every_width(int cluster_size, int device) {
   if constexpr (kKind == GemmKind::kForwardSwapped) {
-    return std::min({max_active_clusters<kKind, Element, 240, false>(cluster_size),
-                     max_active_clusters<kKind, Element, 176, false>(cluster_size),
-                     max_active_clusters<kKind, Element, 112, false>(cluster_size),
-                     max_active_clusters<kKind, Element, 96, false>(cluster_size)});
+    return std::min({max_active_clusters<kKind, Element, 240, false>(cluster_size, device),
+                     max_active_clusters<kKind, Element, 176, false>(cluster_size, device),
+                     max_active_clusters<kKind, Element, 112, false>(cluster_size, device),
+                     max_active_clusters<kKind, Element, 96, false>(cluster_size, device)});
   } else if constexpr (kInCluster) {  // (n64-n192: kWidestClusterSplit)
-    return std::min({max_active_clusters<kKind, Element, 192, true>(cluster_size),
-                     max_active_clusters<kKind, Element, 128, true>(cluster_size),
-                     max_active_clusters<kKind, Element, 64, true>(cluster_size)});
+    return std::min({max_active_clusters<kKind, Element, 192, true>(cluster_size, device),
+                     max_active_clusters<kKind, Element, 128, true>(cluster_size, device),
+                     max_active_clusters<kKind, Element, 64, true>(cluster_size, device)});
   } else {
-    const int clusters = std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size),
-                                   max_active_clusters<kKind, Element, 192, false>(cluster_size),
-                                   max_active_clusters<kKind, Element, 128, false>(cluster_size),
-                                   max_active_clusters<kKind, Element, 64, false>(cluster_size)});
+    const int clusters = std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size, device),
+                                   max_active_clusters<kKind, Element, 192, false>(cluster_size, device),
+                                   max_active_clusters<kKind, Element, 128, false>(cluster_size, device),
+                                   max_active_clusters<kKind, Element, 64, false>(cluster_size, device)});
     if constexpr (kKind == GemmKind::kForward) {  // and its narrow tiles
-      return std::min(clusters, max_active_clusters<kKind, Element, 64, false, kNarrowBlockM>(cluster_size));
+      return std::min(clusters, max_active_clusters<kKind, Element, 64, false, kNarrowBlockM>(cluster_size, device));
     }
     return clusters;
   }
@@ -832,14 +833,14 @@ int max_active_clusters_of_every_width(int cluster_size) {
 template <GemmKind kKind, typename Element>
 const ResidentClusters& resident_clusters(int32_t device_index) {
   static PerDevice<ResidentClusters> cache;
-  return cache.get(device_index, [] {
+  return cache.get(device_index, [device_index] {
     ResidentClusters asked{0, 0, 0, 0};
     if constexpr (kKind != GemmKind::kForwardSwapped) {  // (it has no split in the cluster)
-      asked.of2 = max_active_clusters_of_every_width<kKind, Element, true>(2);
-      asked.of4 = max_active_clusters_of_every_width<kKind, Element, true>(4);
-      asked.of8 = max_active_clusters_of_every_width<kKind, Element, true>(8);
+      asked.of2 = max_active_clusters_of_every_width<kKind, Element, true>(2, device_index);
+      asked.of4 = max_active_clusters_of_every_width<kKind, Element, true>(4, device_index);
+      asked.of8 = max_active_clusters_of_every_width<kKind, Element, true>(8, device_index);
     }
-    asked.pairs = max_active_clusters_of_every_width<kKind, Element, false>(2);
+    asked.pairs = max_active_clusters_of_every_width<kKind, Element, false>(2, device_index);
     return asked;
   });
 }
@@ -849,7 +850,7 @@ const ResidentClusters& resident_clusters(int32_t device_index) {
 // forward 16-22% slower on every shape (run 57); so are those along the concatenation.
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTileM = kBlockM>
 void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, const TailMaps& tails,
-                        const CoreArgs& args, int clusters, cudaStream_t stream) {
+                        const CoreArgs& args, int clusters, int device, cudaStream_t stream) {
   using Tile = TileShape<kBlockN, kTileM>;
   KernelLaunch launch(dim3(clusters * args.cluster_size), kThreadsOf<kTileM>, Tile::kSharedBytes, stream,
                       args.cluster_size, true);
@@ -857,13 +858,15 @@ void launch_core_kernel(const CUtensorMap& a_map, const CUtensorMap& b_map, cons
     constexpr auto kernel =
         core_gemm_kernel<kKind, Element, kBlockN, kInCluster, decltype(tail_shards)::value, false, kTileM>;
     // (the unpacked kernels opted in when resident_clusters asked the driver about them)
-    if constexpr (decltype(tail_shards)::value > 0) opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
+    if constexpr (decltype(tail_shards)::value > 0) {
+      opt_in_shared_memory<kernel>(Tile::kSharedBytes, device, "sm90_gemm");
+    }
     launch(kernel, a_map, b_map, tails, args);
   };
   if constexpr ((kKind == GemmKind::kForward || kKind == GemmKind::kGradWeight) && kTileM == kBlockM) {
     if (args.span_shards) {
       constexpr auto kernel = core_gemm_kernel<kKind, Element, kBlockN, kInCluster, 0, true>;
-      opt_in_shared_memory<kernel>(Tile::kSharedBytes, "sm90_gemm");
+      opt_in_shared_memory<kernel>(Tile::kSharedBytes, device, "sm90_gemm");
       return launch(kernel, a_map, b_map, tails, args);
     }
   }
@@ -999,34 +1002,35 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   if constexpr (kKind == GemmKind::kForwardSwapped) {
     STD_TORCH_CHECK(plan.splits == 1 && !plan.in_cluster, "vga sm90_gemm: the swapped forward takes no split");
     if (plan.block_n == 240) {
-      launch_core_kernel<kKind, Element, 240, false>(a_map, b_map, tails, args, clusters, stream);
+      launch_core_kernel<kKind, Element, 240, false>(a_map, b_map, tails, args, clusters, device_index, stream);
     } else if (plan.block_n == 176) {
-      launch_core_kernel<kKind, Element, 176, false>(a_map, b_map, tails, args, clusters, stream);
+      launch_core_kernel<kKind, Element, 176, false>(a_map, b_map, tails, args, clusters, device_index, stream);
     } else if (plan.block_n == 112) {
-      launch_core_kernel<kKind, Element, 112, false>(a_map, b_map, tails, args, clusters, stream);
+      launch_core_kernel<kKind, Element, 112, false>(a_map, b_map, tails, args, clusters, device_index, stream);
     } else {
       STD_TORCH_CHECK(plan.block_n == 96, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
-      launch_core_kernel<kKind, Element, 96, false>(a_map, b_map, tails, args, clusters, stream);
+      launch_core_kernel<kKind, Element, 96, false>(a_map, b_map, tails, args, clusters, device_index, stream);
     }
   } else if (plan.block_m == kNarrowBlockM) {
     STD_TORCH_CHECK(kKind == GemmKind::kForward && plan.block_n == 64 && !plan.in_cluster && !args.span_shards,
                     "vga sm90_gemm: the 64-row tiles are the forward's, 64 wide, a shard at a time, without a split in "
                     "the cluster");
     if constexpr (kKind == GemmKind::kForward) {
-      launch_core_kernel<kKind, Element, 64, false, kNarrowBlockM>(a_map, b_map, tails, args, clusters, stream);
+      launch_core_kernel<kKind, Element, 64, false, kNarrowBlockM>(a_map, b_map, tails, args, clusters, device_index,
+                                                                   stream);
     }
   } else if (plan.block_n == 256) {
     STD_TORCH_CHECK(!plan.in_cluster, "vga sm90_gemm: no in-cluster kernel of width 256");
-    launch_core_kernel<kKind, Element, 256, false>(a_map, b_map, tails, args, clusters, stream);
+    launch_core_kernel<kKind, Element, 256, false>(a_map, b_map, tails, args, clusters, device_index, stream);
   } else if (plan.block_n == 192) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 192, true> : launch_core_kernel<kKind, Element, 192, false>)(
-        a_map, b_map, tails, args, clusters, stream);
+        a_map, b_map, tails, args, clusters, device_index, stream);
   } else if (plan.block_n == 128) {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 128, true> : launch_core_kernel<kKind, Element, 128, false>)(
-        a_map, b_map, tails, args, clusters, stream);
+        a_map, b_map, tails, args, clusters, device_index, stream);
   } else {
     (plan.in_cluster ? launch_core_kernel<kKind, Element, 64, true> : launch_core_kernel<kKind, Element, 64, false>)(
-        a_map, b_map, tails, args, clusters, stream);
+        a_map, b_map, tails, args, clusters, device_index, stream);
   }
   if (grid_split) {
     const int64_t total = rows * args.out_ld;

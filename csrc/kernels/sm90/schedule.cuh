@@ -342,21 +342,6 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   const double reduction = static_cast<double>(s.k_groups * s.k_group_width + s.tail_elements);
   const double step_fill = reduction / static_cast<double>(s.kblocks() * kBlockK);
   const double hbm_us = 2.0 * (rows * reduction + columns * reduction + rows * columns) / k.hbm_bytes_per_us;
-  // A packed tail k-block (the forward's 80- and 96-wide heads) copies 64 / tail times the box rows
-  // of a whole one, as 32- or 64-byte rows, and where a CTA walks several tiles (its producer
-  // copying back to back) that copy, not its MMAs, bounds it: at least tail_kblock_us at 16-column
-  // tails (half that at 32), hidden only under a tile whose MMAs take longer (run 155, H100: R=16
-  // H=80 K=1280 at 8192 rows 60.4 µs at n128, 53.5 at n256, where R=20 H=64, the same reduction
-  // without tails, ran 47.0 and 50.8). Not in one round: priced there too, it moved 7 measured picks
-  // of 100-1024 rows to wider tiles or more slices, 5 of them 1.05-1.21x slower, 2 0.86-0.89x (run
-  // 156). A job holds the tails its slice reaches (the last slice, at most per_split of them).
-  double tail_extra_us = 0.0;
-  if (s.tail_kblocks > 0) {
-    const double tail_columns = static_cast<double>(s.tail_elements) / static_cast<double>(s.k_groups);  // a shard's
-    const double tail_us = k.tail_kblock_us * 16.0 / tail_columns * rows_ratio;  // (a narrow tile copies fewer rows)
-    tail_extra_us = static_cast<double>(std::min<int64_t>(s.tail_kblocks, plan.kblocks_per_split)) *
-                    std::max(0.0, tail_us - kblock_us);
-  }
   const double job_us = plan.kblocks_per_split * kblock_us * step_fill + k.job_us;
   if (plan.in_cluster) {
     const int64_t rounds = ceil_div(m_tiles * n_tiles, std::max(1, resident.of(plan.splits)));
@@ -367,7 +352,23 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   const int64_t jobs =
       cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_m, plan.block_n, s.span_copy)) * plan.splits;
   const int64_t rounds = ceil_div(jobs, std::max(1, resident.pairs));
-  double cost = std::max(static_cast<double>(rounds) * (job_us + (rounds > 1 ? tail_extra_us : 0.0)), hbm_us);
+  // A packed tail k-block (the forward's 80- and 96-wide heads) copies 64 / tail times the box rows
+  // of a whole one, as 32- or 64-byte rows, and where a CTA walks several tiles (its producer
+  // copying back to back) that copy, not its MMAs, bounds it: at least tail_kblock_us at 16-column
+  // tails (half that at 32; a narrow tile's by the rows it copies), hidden only under a tile whose
+  // MMAs take longer (run 155, H100: R=16 H=80 K=1280 at 8192 rows 60.4 µs at n128, 53.5 at n256,
+  // where R=20 H=64, the same reduction without tails, ran 47.0 and 50.8). Not in one round (nor in
+  // the in-cluster splits, one round each): priced there too, it moved 7 measured picks of 100-1024
+  // rows to wider tiles or more slices, 5 of them 1.05-1.21x slower, 2 0.86-0.89x (run 156). A job
+  // holds the tails its slice reaches (the last slice, at most per_split of them).
+  double tail_extra_us = 0.0;
+  if (rounds > 1 && s.tail_kblocks > 0) {
+    const double tail_columns = static_cast<double>(s.tail_elements) / static_cast<double>(s.k_groups);  // a shard's
+    const double tail_us = k.tail_kblock_us * 16.0 / tail_columns * rows_ratio;
+    tail_extra_us = static_cast<double>(std::min<int64_t>(s.tail_kblocks, plan.kblocks_per_split)) *
+                    std::max(0.0, tail_us - kblock_us);
+  }
+  double cost = std::max(static_cast<double>(rounds) * (job_us + tail_extra_us), hbm_us);
   if (plan.splits > 1) cost += rows * columns * (8.0 * plan.splits + 2.0) / k.split_bytes_per_us + k.split_launch_us;
   return cost;
 }
