@@ -40,6 +40,9 @@ CONFIGS = ["sm90_gemm"] + [f"sm90_gemm/{c}" for c in (
 TOKEN_WIDTHS = (96, 112, 176, 240)
 # The forward's narrow tiles (64 rows, 64 wide), weighed unsplit against an unsplit plan only.
 NARROW_KEY = "fwd_sm90_gemm/n64/s1/m64"
+# A tile's rows (schedule.cuh: kBlockM, two consumer warpgroups) and the forward's narrow tiles' (kNarrowBlockM).
+BLOCK_M = 128
+NARROW_BLOCK_M = 64
 # The widest tile whose reduction splits in the cluster (schedule.cuh, kWidestClusterSplit).
 WIDEST_CLUSTER_SPLIT = 192
 # Clusters resident at once by size, as the plan counts them (the extension asks the driver:
@@ -116,7 +119,7 @@ CONSTANTS = ("kblock_us_256", "kblock_us_192", "kblock_us_128", "kblock_us_64", 
              "span_b_kblock_us_per_64", "tail_kblock_us")
 
 
-def tile_counts(shape, block_n, block_m=128):
+def tile_counts(shape, block_n, block_m=BLOCK_M):
     return shape["m_outer"] * math.ceil(shape["m_inner"] / block_m), shape["n_groups"] * math.ceil(shape["width"] / block_n)
 
 
@@ -130,7 +133,7 @@ def kblock_us(block_n, p):
     return lo + (hi - lo) * (block_n - widths[i]) / (widths[i + 1] - widths[i])
 
 
-def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDENT, block_m=128):
+def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDENT, block_m=BLOCK_M):
     m_tiles, n_tiles = tile_counts(shape, block_n, block_m)
     rows, columns = shape["m_outer"] * shape["m_inner"], shape["n_groups"] * shape["width"]
     reduction = reduction_elements(shape)
@@ -141,7 +144,8 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     span_floor = {"A": p["span_kblock_us"],
                   "B": p["span_b_kblock_us"] + p["span_b_kblock_us_per_64"] * block_n / 64}.get(shape.get("span_copy"), 0.0)
     # a narrow tile's k-block copies (64 + N) operand rows instead of (128 + N)
-    kb_us = max(kblock_us(block_n, p) * (block_m + block_n) / (128 + block_n), span_floor)
+    rows_ratio = (block_m + block_n) / (BLOCK_M + block_n)
+    kb_us = max(kblock_us(block_n, p) * rows_ratio, span_floor)
     job_us = per_split * kb_us * step_fill + p["job_us"]
     if in_cluster:  # its CTAs share no operand: the unshared B tile's part of a k-block on top
         rounds = math.ceil(m_tiles * n_tiles / resident[splits])
@@ -152,14 +156,14 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
     copied = shape.get("span_copy")
     columns_paired = copied == "B" if copied else (block_n == 64 or pair_columns < pair_rows
-                                                   or (pair_columns == pair_rows and block_n < block_m))
+                                                   or (pair_columns == pair_rows and block_n < BLOCK_M))
     jobs = (pair_columns if columns_paired else pair_rows) * splits
     rounds = math.ceil(jobs / resident["pairs"])
     # a packed tail k-block: its copy of 64 / tail times the box rows bounds it where a CTA walks
     # several tiles (schedule.cuh)
     tail_extra = 0.0
     if rounds > 1 and shape.get("tail_kblocks"):
-        tail_us = p["tail_kblock_us"] * 16 * shape["k_groups"] / shape["tail_elements"] * (block_m + block_n) / (128 + block_n)
+        tail_us = p["tail_kblock_us"] * 16 * shape["k_groups"] / shape["tail_elements"] * rows_ratio
         tail_extra = min(shape["tail_kblocks"], per_split) * max(0.0, tail_us - kb_us)
     cost = max(rounds * (job_us + tail_extra), hbm_us)
     if splits > 1:
@@ -269,7 +273,8 @@ def _plans(kind, p, keys, shapes, first_only, resident):
                            or math.prod(tile_counts(shape, block_n)) > counts[splits] or shape.get("span_copy") == "B"):
             continue  # the rule gives every CTA of the cluster a slice, all clusters in one round (no
             # in-cluster split for grad_weight's columns along the concatenation)
-        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts, 64 if key.endswith("/m64") else 128)
+        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts,
+                         NARROW_BLOCK_M if key.endswith("/m64") else BLOCK_M)
         candidates.append((cost, key, (swapped, -block_n, in_cluster, splits)))
     return candidates
 
@@ -324,8 +329,7 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     swaps = True in best and (False not in best or best[True][0] < 0.97 * best[False][0])
     chosen, eligible = best[swaps][1], [c[1] for c in candidates]
     if spans:
-        span_keys = sorted({k.removesuffix("/span") for k in keys
-                            if int(k.split("/")[1][1:]) not in TOKEN_WIDTHS and "/m64" not in k})
+        span_keys = sorted({k.removesuffix("/span") for k in keys if not forward_only(k)})
         span = _cheapest_along_concatenation(rec, kind, p, span_keys, skips_fill, resident)
         if span:
             charged = {sw: dict(shape, skips_fill=False) for sw, shape in shapes.items()}

@@ -422,8 +422,9 @@ def test_functional_fast_path_keeps_autograd_semantics(device):
 _FIRST_CALLS_SCRIPT = r"""
 import threading, torch, vga_linear
 torch.manual_seed(0)
-# R, rows, H, K: a core plan that splits in clusters, a decode split, packed 80-wide tails, a swapped width
-SHAPES = [(32, 256, 128, 4096), (32, 16, 128, 4096), (16, 333, 80, 1280), (8, 64, 1024, 2048)]
+# R, rows, H, K (the forward the plan picks for each, run 158): a core plan that splits in clusters (n128/c2), a
+# decode split (sm90_skinny), packed 80-wide tails (n64/c2), a swapped width (n96), the narrow tiles (m64)
+SHAPES = [(32, 256, 128, 4096), (32, 16, 128, 4096), (16, 333, 80, 1280), (32, 333, 128, 4096), (12, 256, 64, 768)]
 inputs = [(torch.randn(R, B, H, device="cuda", dtype=torch.bfloat16),
            torch.randn(K, R * H, device="cuda", dtype=torch.bfloat16) / (R * H) ** 0.5,
            torch.randn(B, K, device="cuda", dtype=torch.bfloat16)) for R, B, H, K in SHAPES]

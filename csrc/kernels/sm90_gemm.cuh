@@ -117,11 +117,12 @@ inline Sm90GemmShapes sm90_gemm_shapes(const ForwardProblem& p) {
 
 // What sm90_gemm_forward runs: the layout, the orientation and the core's plan for them. The rule:
 // the cheapest of the shards' layout in either orientation and the concatenation's, a rival
-// displacing the plan so far only if 3% cheaper (as between plans), unless a width, a split or a
-// layout is forced (a token width forces the swapped orientation, "span" the concatenation) or the
-// shape packs shard tails (the shards' layout, first orientation). The concatenation's cost is
-// weighed against the shards' layout with its zero fill charged: a stage costs what it copies, fill
-// included (run 54), which plan_cost's fill discount leaves out between plans of one layout.
+// displacing the plan so far only if 3% cheaper (as between plans), unless a width, a split, a
+// layout or the narrow tiles are forced (a token width forces the swapped orientation, "span" the
+// concatenation, "m64" the shards' layout in the first orientation) or the shape packs shard
+// tails (the shards' layout, first orientation). The concatenation's cost is weighed against the
+// shards' layout with its zero fill charged: a stage costs what it copies, fill included (run 54),
+// which plan_cost's fill discount leaves out between plans of one layout.
 struct Sm90GemmPlan {
   bool swapped;
   bool spans_shards;
@@ -166,7 +167,8 @@ Sm90GemmPlan sm90_gemm_plan(const ForwardProblem& p, const Sm90GemmShapes& s) {
 
 // The configuration the forward runs for p, as the forced-configuration names spell it
 // ("n128/s2": 128-wide tiles, the reduction split in 2 across the grid; "n64/c4": in clusters of
-// 4; "n176": the swapped forward's token width), so that forcing it runs the same plan.
+// 4; "n176": the swapped forward's token width; "n64/s1/m64": the narrow tiles), so that forcing it
+// runs the same plan.
 inline std::string sm90_gemm_config(const ForwardProblem& p) {
   const Sm90GemmShapes shapes = sm90_gemm_shapes(p);
   Sm90GemmPlan chosen{};

@@ -66,8 +66,7 @@ namespace sm90 {
 enum class GemmKind { kForward, kGradInput, kGradWeight, kForwardSwapped };
 
 // A tile of kTileM rows (kBlockM, or the forward's kNarrowBlockM) has a consumer warpgroup a
-// kConsumerRows rows (one m64nNk16 wgmma chain).
-constexpr int kConsumerRows = 64;
+// kConsumerRows rows (schedule.cuh).
 template <int kTileM>
 constexpr int kConsumersOf = kTileM / kConsumerRows;
 template <int kTileM>
@@ -961,7 +960,7 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   args.k_group_width = static_cast<int>(shape.k_group_width);
   args.kblocks_per_split = plan.kblocks_per_split;
   args.cluster_size = plan.in_cluster ? plan.splits : kClusterM;
-  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_m, plan.block_n, shape.span_copy) ? 1 : 0;
+  args.cluster_along_n = !plan.in_cluster && pair_columns(args.m_tiles, args.n_tiles, plan.block_n, shape.span_copy) ? 1 : 0;
   int group_units = 0;  // m units a raster group holds
   if (plan.in_cluster) {
     args.m_units = args.m_tiles;

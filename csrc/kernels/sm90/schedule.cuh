@@ -24,10 +24,12 @@
 namespace vga {
 namespace sm90 {
 
-constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
-// The forward's narrow tiles: one consumer warpgroup of 64 rows (gemm.cuh), for calls whose
-// unsplit 128-row tiles are too few for the SMs (choose_plan; forced: sm90_gemm/m64).
-constexpr int kNarrowBlockM = 64;
+// A consumer warpgroup's rows of a tile (one m64nNk16 wgmma chain, gemm.cuh).
+constexpr int kConsumerRows = 64;
+constexpr int kBlockM = 2 * kConsumerRows;  // two consumer warpgroups
+// The forward's narrow tiles: one consumer warpgroup, for calls whose unsplit 128-row tiles are
+// too few for the SMs (choose_plan; forced: sm90_gemm/m64).
+constexpr int kNarrowBlockM = kConsumerRows;
 constexpr int kBlockK = 64;   // one 128-byte swizzle row of 16-bit elements
 constexpr int kClusterM = 2;
 constexpr int kGroupM = 16;  // 16 beat 8 by 1-3% on the prefill shapes (less DRAM traffic under the power cap)
@@ -252,18 +254,18 @@ inline int64_t cluster_tiles(int64_t m_tiles, int64_t n_tiles, bool along_n) {
   return along_n ? m_tiles * ceil_div(n_tiles, kClusterM) : ceil_div(m_tiles, kClusterM) * n_tiles;
 }
 // 64-wide tiles always pair columns: their B tile is one MN-major box for the backward kinds (not
-// split between two CTAs), and their A tile is the larger operand (as large, a narrow tile's), so
-// sharing it saves the most.
+// split between two CTAs), and their A tile is the larger operand (as large, a narrow tile's: the
+// narrow tiles are all 64 wide), so sharing it saves the most.
 // Where both pairings leave as many CTAs idle, the pair shares the larger tile likewise: A (128
 // rows) against the swapped forward's 96- and 112-token B (at 333 rows of K = 4096, n96: 20 KB of
 // L2 reads a CTA a k-block instead of 22).
 // An operand copied along the concatenation (CoreShape::span_copy) is each CTA's own cp.async copy,
 // which a pair cannot share: the pair shares the other one (A copied: pairs of rows; B: of columns).
-inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_m, int block_n, SpanCopy span_copy) {
+inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n, SpanCopy span_copy) {
   if (span_copy != SpanCopy::kNone) return span_copy == SpanCopy::kB;
   const int64_t along_n = cluster_tiles(m_tiles, n_tiles, true);
   const int64_t along_m = cluster_tiles(m_tiles, n_tiles, false);
-  return block_n == 64 || along_n < along_m || (along_n == along_m && block_n < block_m);
+  return block_n == 64 || along_n < along_m || (along_n == along_m && block_n < kBlockM);
 }
 
 // Time of one plan in microseconds, from what limits it (benchmarks/NOTES.md, "GEMM core", has
@@ -350,7 +352,7 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
     return std::max(static_cast<double>(rounds) * (cluster_job_us + k.cluster_slice_us * plan.splits), hbm_us);
   }
   const int64_t jobs =
-      cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_m, plan.block_n, s.span_copy)) * plan.splits;
+      cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n, s.span_copy)) * plan.splits;
   const int64_t rounds = ceil_div(jobs, std::max(1, resident.pairs));
   // A packed tail k-block (the forward's 80- and 96-wide heads) copies 64 / tail times the box rows
   // of a whole one, as 32- or 64-byte rows, and where a CTA walks several tiles (its producer
@@ -388,8 +390,8 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   CorePlan best{forced.block_n != 0 ? forced.block_n : narrow ? 64 : widths[0], 1, static_cast<int>(kblocks), false};
   best.block_m = block_m;
   double best_cost = 1e300;
-  auto consider = [&](CorePlan plan) {
-    plan.block_m = block_m;
+  auto consider_tiles = [&](CorePlan plan, int tile_m) {
+    plan.block_m = tile_m;
     const double cost = plan_cost(s, plan, resident);
     if (cost < best_cost * 0.97) {  // a rival must win by 3% to displace the simpler plan
       best_cost = cost;
@@ -397,6 +399,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       best.cost = cost;
     }
   };
+  auto consider = [&](const CorePlan& plan) { consider_tiles(plan, block_m); };
   for (size_t w = 0; w < width_count; ++w) {
     const int block_n = widths[w];
     if ((forced.block_n != 0 && block_n != forced.block_n) || (narrow && block_n != 64)) continue;
@@ -438,13 +441,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // 100-512 rows, R=8 H=80 K=2048 at 100-256) and lost where their twice the tiles take two rounds.
   const bool plan_free = forced.block_n == 0 && forced.splits <= 1 && forced.cluster_splits == 0 && forced.block_m == 0;
   if (plan_free && s.narrow_tiles && best.splits == 1) {
-    CorePlan narrow_plan{64, 1, static_cast<int>(kblocks), false};
-    narrow_plan.block_m = kNarrowBlockM;
-    const double cost = plan_cost(s, narrow_plan, resident);
-    if (cost < best_cost * 0.97) {
-      best = narrow_plan;
-      best.cost = cost;
-    }
+    consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
   }
   return best;
 }
