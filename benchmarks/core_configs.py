@@ -29,17 +29,18 @@ import metrics as M
 
 LAYERS = [(32, 128, 4096), (40, 128, 5120), (64, 128, 8192), (8, 1024, 8192), (4, 2048, 8192), (8, 512, 4096),
           (12, 64, 768), (16, 80, 1280), (3, 256, 1000), (2, 1536, 768), (32, 96, 3072)]
+# The forward's narrow tiles (64 rows, 64 wide), weighed unsplit against an unsplit plan only.
+NARROW_CONFIG = "sm90_gemm/n64/s1/m64"
+NARROW_KEY = "fwd_" + NARROW_CONFIG
 # s<count>: a split across the grid (workspace + a second launch); c<count>: in the cluster (DSMEM sum).
 # (the in-cluster splits the rule can take at few tiles are all here: run 94's largest regret was the
 # rule's n192/c4, which the list then lacked)
 CONFIGS = ["sm90_gemm"] + [f"sm90_gemm/{c}" for c in (
     "n256/s1", "n256/s2", "n192/s1", "n192/s2", "n192/c2", "n192/c4", "n128/s1", "n128/s2",
     "n128/s4", "n128/c2", "n128/c4", "n128/c8", "n64/s1", "n64/s2", "n64/s4", "n64/c2", "n64/c4", "n64/c8", "n240/s1",
-    "n176/s1", "n112/s1", "n96/s1", "n64/s1/m64")]
+    "n176/s1", "n112/s1", "n96/s1")] + [NARROW_CONFIG]
 # The forward's token widths: it runs transposed (W's rows as M, the tokens as N; no split).
 TOKEN_WIDTHS = (96, 112, 176, 240)
-# The forward's narrow tiles (64 rows, 64 wide), weighed unsplit against an unsplit plan only.
-NARROW_KEY = "fwd_sm90_gemm/n64/s1/m64"
 # A tile's rows (schedule.cuh: kBlockM, two consumer warpgroups) and the forward's narrow tiles' (kNarrowBlockM).
 BLOCK_M = 128
 NARROW_BLOCK_M = 64
@@ -59,9 +60,14 @@ def resident_of(text):
             "swapped_pairs": int(fields["swapped_pairs"])}
 
 
+def is_narrow(config):
+    """A configuration (or key) of the forward's narrow tiles (m64)."""
+    return config.endswith("/m64")
+
+
 def forward_only(config):
     """A configuration of the forward alone: a token width, or the narrow tiles (m64)."""
-    return config.endswith("/m64") or ("/" in config and int(config.split("/")[1][1:]) in TOKEN_WIDTHS)
+    return is_narrow(config) or ("/" in config and int(config.split("/")[1][1:]) in TOKEN_WIDTHS)
 
 
 def measure(args):
@@ -274,7 +280,7 @@ def _plans(kind, p, keys, shapes, first_only, resident):
             continue  # the rule gives every CTA of the cluster a slice, all clusters in one round (no
             # in-cluster split for grad_weight's columns along the concatenation)
         cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts,
-                         NARROW_BLOCK_M if key.endswith("/m64") else BLOCK_M)
+                         NARROW_BLOCK_M if is_narrow(key) else BLOCK_M)
         candidates.append((cost, key, (swapped, -block_n, in_cluster, splits)))
     return candidates
 
@@ -299,8 +305,10 @@ def _cheapest_along_concatenation(rec, kind, p, base_keys, skips_fill, resident)
 def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
     this product, and the keys the rule could pick at all ((None, []) if none): sm90_gemm_plan's
-    rule. choose_plan's cheapest plan of each orientation, the swapped one only if 3% cheaper; with
-    the "span" layout, where H % 64 is not 0, 16 or 32, the cheapest plan along the concatenation
+    rule. choose_plan's cheapest plan of each orientation, the swapped one only if 3% cheaper (the
+    first orientation's unsplit plan giving way to the narrow tiles, NARROW_KEY, if they are 3%
+    cheaper: choose_plan's last step); with the "span" layout, where H % 64 is not 0, 16 or 32,
+    the cheapest plan along the concatenation
     ("fwd_sm90_gemm/n128/s1/span": each non-token key's span variant is weighed) if 3% cheaper than
     that one with its zero fill charged. grad_weight where H % 64 != 0: its columns along the
     concatenation always (sm90_grad_weight_plan), the cheapest such plan. `resident`: the cluster
@@ -315,7 +323,7 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     shapes = {False: core_shape(rec, kind, skips_fill, shard_layout),
               True: core_shape(rec, kind, skips_fill, shard_layout, token_tiles=True)}
     first_only = kind == "fwd" and shard_layout != "per_shard" and rec["H"] % 64 in (16, 32)
-    shard_keys = [k for k in keys if not k.endswith("/span") and "/m64" not in k]  # (the narrow tiles: below)
+    shard_keys = [k for k in keys if not k.endswith("/span") and not is_narrow(k)]  # (the narrow tiles: below)
     candidates = _plans(kind, p, shard_keys, shapes, first_only, resident)
     if not candidates:
         return None, []

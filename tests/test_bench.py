@@ -507,6 +507,20 @@ def test_the_plan_model_splits_in_the_cluster_up_to_the_kernels_widest_tile():
     assert not any(c.startswith("sm90_gemm/n256/c") for c in core_configs.CONFIGS)
 
 
+def test_the_plan_model_tiles_rows_as_the_kernels_do():
+    # core_configs.py's tile rows are schedule.cuh's: kBlockM two consumer warpgroups' rows, the
+    # narrow tiles' kNarrowBlockM one
+    import re
+
+    import core_configs
+
+    text = open(os.path.join(ROOT, "csrc", "kernels", "sm90", "schedule.cuh")).read()
+    consumer_rows = int(re.search(r"constexpr int kConsumerRows = (\d+);", text).group(1))
+    assert re.search(r"constexpr int kBlockM = 2 \* kConsumerRows;", text)
+    assert re.search(r"constexpr int kNarrowBlockM = kConsumerRows;", text)
+    assert (core_configs.BLOCK_M, core_configs.NARROW_BLOCK_M) == (2 * consumer_rows, consumer_rows)
+
+
 def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
     # choose_plan's last step (mirrored by core_configs.pick): the 64-row tiles replace an unsplit
     # 128-row plan where the doubled tiles fit one round (run 151: 0.88-0.93x), never a split plan

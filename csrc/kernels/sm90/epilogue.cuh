@@ -98,7 +98,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kBlockN / 2], cons
   const int warp = thread_in_wg / 32;
   const int lane = thread_in_wg % 32;
   const int quad_lane = lane % 4;
-  const int row_in_tile = consumer * 64 + warp * 16 + lane / 4;
+  const int row_in_tile = consumer * kConsumerRows + warp * 16 + lane / 4;
   int64_t row[2];
   int64_t out_row[2];  // row-major: also the split partial sums' row offsets
   bool row_valid[2];
@@ -195,7 +195,7 @@ __device__ __forceinline__ void store_tile_transposed(const float (&acc)[kBlockN
   const int lane = thread_in_wg % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int m_warp = c.inner0 + consumer * 64 + warp * 16;  // the warp's first W row (output column)
+  const int m_warp = c.inner0 + consumer * kConsumerRows + warp * 16;  // the warp's first W row (output column)
   const int tokens_left = a.n_group_width - c.n0;
   Element* out =
       static_cast<Element*>(a.out) + (static_cast<int64_t>(c.n_group) * a.n_group_width + c.n0) * a.out_ld;
@@ -224,15 +224,15 @@ __device__ __forceinline__ void store_tile_transposed(const float (&acc)[kBlockN
   }
 }
 
-// Writes a consumer warpgroup's 64 x kBlockN accumulators (zeros unless `accumulated`) into rows
-// 64 * consumer .. + 63.
+// Writes a consumer warpgroup's kConsumerRows x kBlockN accumulators (zeros unless `accumulated`)
+// into its rows of the partial tile, from kConsumerRows * consumer.
 template <int kBlockN>
 __device__ __forceinline__ void stage_partial_tile(const float (&acc)[kBlockN / 2], bool accumulated, float* partial,
                                                    int consumer, int thread_in_wg) {
   constexpr int kLd = PartialTile<kBlockN>::kLd;
   const int warp = thread_in_wg / 32;
   const int lane = thread_in_wg % 32;
-  const int row = consumer * 64 + warp * 16 + lane / 4;
+  const int row = consumer * kConsumerRows + warp * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < kBlockN / 8; ++j) {
     const int column = j * 8 + 2 * (lane % 4);

@@ -260,24 +260,24 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
   const int shard = cur.group, h0 = cur.k, k0 = cur.k, outer = cur.group, row0 = cur.k;
   const bool tail = kTailShards > 0 && kb >= args.tail_kblock_begin;
   const int tail_shard = (kb - args.tail_kblock_begin) * kTailShards;
-  auto load_a = [&](int part, bool multicast) {  // rows (or columns) 64 * part .. + 63 of the tile
+  auto load_a = [&](int part, bool multicast) {  // part's consumer rows (or columns) of the tile
     uint8_t* dst = a_dst + part * kMnBlockBytes;
     if constexpr (kKind == GemmKind::kForward) {
       if (tail && args.x_4d) {
-        copy_4d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + 64 * part, c.outer, tail_shard);
+        copy_4d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + kConsumerRows * part, c.outer, tail_shard);
       } else if (tail) {
-        copy_3d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + 64 * part, tail_shard);
+        copy_3d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + kConsumerRows * part, tail_shard);
       } else if (args.x_4d) {
-        copy_4d(multicast, dst, a_map, bar, h0, c.inner0 + 64 * part, c.outer, shard);
+        copy_4d(multicast, dst, a_map, bar, h0, c.inner0 + kConsumerRows * part, c.outer, shard);
       } else {
-        copy_3d(multicast, dst, a_map, bar, h0, c.inner0 + 64 * part, shard);
+        copy_3d(multicast, dst, a_map, bar, h0, c.inner0 + kConsumerRows * part, shard);
       }
     } else if constexpr (kKind == GemmKind::kForwardSwapped) {  // W's rows
-      copy_3d(multicast, dst, a_map, bar, h0, shard, c.inner0 + 64 * part);
+      copy_3d(multicast, dst, a_map, bar, h0, shard, c.inner0 + kConsumerRows * part);
     } else if constexpr (kKind == GemmKind::kGradInput) {
-      copy_3d(multicast, dst, a_map, bar, k0, c.inner0 + 64 * part, 0);
+      copy_3d(multicast, dst, a_map, bar, k0, c.inner0 + kConsumerRows * part, 0);
     } else {
-      copy_3d(multicast, dst, a_map, bar, c.inner0 + 64 * part, row0, outer);
+      copy_3d(multicast, dst, a_map, bar, c.inner0 + kConsumerRows * part, row0, outer);
     }
   };
   auto load_b = [&](int part, bool multicast) {
@@ -688,7 +688,8 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
         const Element* bias = static_cast<const Element*>(args.bias);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int m = c.inner0 + consumer * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4 + 8 * half;
+          const int m =
+              c.inner0 + consumer * kConsumerRows + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4 + 8 * half;
           if (bias != nullptr && m < args.m_inner) row_bias[half] = to_acc<float>(bias[m * args.bias_stride]);
         }
       }
@@ -898,9 +899,9 @@ CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_i
                   forced.block_n, " takes no split in the cluster (its partial tile and its peers' rows do not fit the "
                   "shared memory); c", forced.cluster_splits, " runs at widths up to n", kWidestClusterSplit);
   if (forced.block_m != 0) {
-    const char* kind = kKind == GemmKind::kGradInput    ? "grad_x"
-                       : kKind == GemmKind::kGradWeight ? "grad_weight"
-                                                        : "the swapped forward (a token width)";
+    const char* kind = kKind == GemmKind::kForwardSwapped ? "the swapped forward (a token width)"
+                       : kKind == GemmKind::kGradInput    ? "grad_x"
+                                                          : "grad_weight";
     STD_TORCH_CHECK(kKind == GemmKind::kForward, "vga sm90_gemm: m64 (64-row tiles) runs the forward only, not ", kind);
     STD_TORCH_CHECK(shape.narrow_tiles, "vga sm90_gemm: m64 (64-row tiles) runs the forward a shard at a time, not 'span'");
     STD_TORCH_CHECK(forced.block_n == 0 || forced.block_n == 64, "vga sm90_gemm: m64 (64-row tiles) runs 64 wide (n64), not n",

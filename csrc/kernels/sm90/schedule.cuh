@@ -4,10 +4,11 @@
 // A persistent grid of clusters of kClusterM CTAs walks "cluster tiles" in grouped order: kGroupM
 // row tiles at a time, all their column tiles before the next group, so the clusters in flight
 // share A and B panels in L2. A cluster tile is kClusterM vertically adjacent tiles sharing one B
-// panel (each CTA loads part of it and multicasts it), or, where the row tiles are too few to pair
-// (rows <= 128: the second CTA would idle), kClusterM horizontally adjacent tiles sharing one A
-// panel the same way. A reduction split in two ways, both summed in a fixed order (epilogue.cuh),
-// so results are bitwise deterministic:
+// panel (each CTA loads part of it and multicasts it), or kClusterM horizontally adjacent tiles
+// sharing one A panel the same way: where that leaves fewer CTAs idle (rows <= 128: a pair of row
+// tiles would idle its second CTA) and at 64 wide, where A is the larger tile (pair_columns). A
+// reduction split in two ways, both summed in a fixed order (epilogue.cuh), so results are bitwise
+// deterministic:
 //  * across the grid: the walk repeats per slice of k-blocks and each slice writes fp32 partial
 //    sums to a workspace that a second launch adds up (long reductions, many tiles);
 //  * in the cluster: the cluster's S CTAs (S = 2, 4 or 8) take the S slices of one tile and add
