@@ -5,8 +5,13 @@
 // acquire load. A computation that throws stores nothing, so the next call runs it again (a mutex
 // rather than std::call_once, whose exceptional path has hung on some libstdc++ targets). Each
 // `static PerDevice<...>` is a table of its own; a table's computation may use other tables.
+// A table whose values come from the current device rather than from the device index
+// (cudaFuncSetAttribute, the occupancy queries) is a PerCurrentDevice: its first computation for a
+// device checks that device is the current one, which every caller's device guard makes it, so a
+// caller without its guard fails there instead of filing one device's answer under another.
 #pragma once
 
+#include <cuda_runtime.h>
 #include <torch/headeronly/util/Exception.h>
 
 #include <array>
@@ -18,7 +23,7 @@ namespace vga {
 
 constexpr int kMaxDevices = 64;
 
-template <typename T, int kSlots = 1>
+template <typename T, int kSlots = 1, bool kFromCurrentDevice = false>
 class PerDevice {
  public:
   // the value for (device, slot < kSlots), computed by `compute()` the first time
@@ -30,6 +35,12 @@ class PerDevice {
     if (!ready_[i].load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!ready_[i].load(std::memory_order_relaxed)) {
+        if constexpr (kFromCurrentDevice) {
+          int current = -1;
+          const cudaError_t got = cudaGetDevice(&current);
+          STD_TORCH_CHECK(got == cudaSuccess && current == device, "vga: a query for CUDA device ", device,
+                          " while device ", current, " is current (", cudaGetErrorString(got), ")");
+        }
         values_[i] = std::forward<Compute>(compute)();
         ready_[i].store(true, std::memory_order_release);
       }
@@ -47,5 +58,8 @@ class PerDevice {
   std::array<std::atomic<bool>, kMaxDevices * kSlots> ready_{};
   std::array<T, kMaxDevices * kSlots> values_{};
 };
+
+template <typename T, int kSlots = 1>
+using PerCurrentDevice = PerDevice<T, kSlots, true>;
 
 }  // namespace vga

@@ -831,7 +831,7 @@ inline ClusterResidency resident_cluster_ctas(int smem, int slices, int device, 
   constexpr int64_t kUnlimited = int64_t(1) << 40;
   if (slices <= 1) return {kUnlimited, kUnlimited};
   // by device and log2(slices) - 1: {clusters, CTAs an SM}, -1 where the query failed
-  static PerDevice<std::pair<int, int>, 3> cache;
+  static PerCurrentDevice<std::pair<int, int>, 3> cache;
   STD_TORCH_CHECK(slices == 2 || slices == 4 || slices == 8, "vga ", family, ": clusters of ", slices,
                   " CTAs; the split takes 2, 4 or 8");
   const int slot = slices == 2 ? 0 : slices == 4 ? 1 : 2;

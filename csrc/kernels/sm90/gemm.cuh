@@ -832,7 +832,7 @@ int max_active_clusters_of_every_width(int cluster_size, int device) {
 // caller's device guard makes it the current one).
 template <GemmKind kKind, typename Element>
 const ResidentClusters& resident_clusters(int32_t device_index) {
-  static PerDevice<ResidentClusters> cache;
+  static PerCurrentDevice<ResidentClusters> cache;
   return cache.get(device_index, [device_index] {
     ResidentClusters asked{0, 0, 0, 0};
     if constexpr (kKind != GemmKind::kForwardSwapped) {  // (it has no split in the cluster)
