@@ -485,40 +485,48 @@ def test_gpu_only_scripts_say_they_need_a_gpu(tmp_path, script, args):
 
 # --------------------------------------------------------------------------- the core's plan
 
+def _schedule_source():
+    return open(os.path.join(ROOT, "csrc", "kernels", "sm90", "schedule.cuh")).read()
+
+
+def _schedule_int_constants():
+    """schedule.cuh's `constexpr int name = expression;` lines as values, each expression evaluated
+    over the constants before it (integer literals, names and * + - / only)."""
+    import re
+
+    values = {}
+    for name, expression in re.findall(r"constexpr int (\w+) = ([^;]+);", _schedule_source()):
+        assert re.fullmatch(r"[\w\s*+/()-]+", expression), (name, expression)
+        values[name] = int(eval(expression, {"__builtins__": {}}, dict(values)))
+    return values
+
+
 def _shipped_plan_constants():
     import re
 
     import core_configs
 
-    text = open(os.path.join(ROOT, "csrc", "kernels", "sm90", "schedule.cuh")).read()
-    values = re.search(r"kPlanConstants\{([^}]*)\}", text).group(1).split(",")
+    values = re.search(r"kPlanConstants\{([^}]*)\}", _schedule_source()).group(1).split(",")
     assert len(values) == len(core_configs.CONSTANTS)
     return dict(zip(core_configs.CONSTANTS, (float(v) for v in values)))
 
 
 def test_the_plan_model_splits_in_the_cluster_up_to_the_kernels_widest_tile():
     # core_configs.py's mirror of choose_plan skips the in-cluster splits schedule.cuh cannot run
-    import re
-
     import core_configs
 
-    text = open(os.path.join(ROOT, "csrc", "kernels", "sm90", "schedule.cuh")).read()
-    assert int(re.search(r"constexpr int kWidestClusterSplit = (\d+);", text).group(1)) == core_configs.WIDEST_CLUSTER_SPLIT
+    assert _schedule_int_constants()["kWidestClusterSplit"] == core_configs.WIDEST_CLUSTER_SPLIT
     assert not any(c.startswith("sm90_gemm/n256/c") for c in core_configs.CONFIGS)
 
 
 def test_the_plan_model_tiles_rows_as_the_kernels_do():
-    # core_configs.py's tile rows are schedule.cuh's: kBlockM two consumer warpgroups' rows, the
-    # narrow tiles' kNarrowBlockM one
-    import re
-
+    # core_configs.py's tile rows are schedule.cuh's: kBlockM (two consumer warpgroups' rows) and the
+    # narrow tiles' kNarrowBlockM (one)
     import core_configs
 
-    text = open(os.path.join(ROOT, "csrc", "kernels", "sm90", "schedule.cuh")).read()
-    consumer_rows = int(re.search(r"constexpr int kConsumerRows = (\d+);", text).group(1))
-    assert re.search(r"constexpr int kBlockM = 2 \* kConsumerRows;", text)
-    assert re.search(r"constexpr int kNarrowBlockM = kConsumerRows;", text)
-    assert (core_configs.BLOCK_M, core_configs.NARROW_BLOCK_M) == (2 * consumer_rows, consumer_rows)
+    constants = _schedule_int_constants()
+    assert (core_configs.BLOCK_M, core_configs.NARROW_BLOCK_M) == (constants["kBlockM"], constants["kNarrowBlockM"])
+    assert constants["kBlockM"] == 2 * constants["kConsumerRows"] == 2 * constants["kNarrowBlockM"]
 
 
 def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():

@@ -422,9 +422,13 @@ def test_functional_fast_path_keeps_autograd_semantics(device):
 _FIRST_CALLS_SCRIPT = r"""
 import threading, torch, vga_linear
 torch.manual_seed(0)
-# R, rows, H, K (the forward the plan picks for each, run 158): a core plan that splits in clusters (n128/c2), a
-# decode split (sm90_skinny), packed 80-wide tails (n64/c2), a swapped width (n96), the narrow tiles (m64)
-SHAPES = [(32, 256, 128, 4096), (32, 16, 128, 4096), (16, 333, 80, 1280), (32, 333, 128, 4096), (12, 256, 64, 768)]
+# R, rows, H, K and the forward each reaches (checked after the threads): a core plan that splits in clusters, a
+# decode split (sm90_skinny's 16-row kernels), packed 80-wide tails, a swapped width, the narrow tiles (m64),
+# sm90_skinny's 64-row kernels
+SHAPES = [(32, 256, 128, 4096), (32, 16, 128, 4096), (16, 333, 80, 1280), (32, 333, 128, 4096), (12, 256, 64, 768),
+          (8, 64, 1024, 2048)]
+REACHES = ["sm90_gemm/n128/c2", "sm90_skinny", "sm90_gemm/n64/c2", "sm90_gemm/n96", "sm90_gemm/n64/s1/m64",
+           "sm90_skinny"]
 inputs = [(torch.randn(R, B, H, device="cuda", dtype=torch.bfloat16),
            torch.randn(K, R * H, device="cuda", dtype=torch.bfloat16) / (R * H) ** 0.5,
            torch.randn(B, K, device="cuda", dtype=torch.bfloat16)) for R, B, H, K in SHAPES]
@@ -458,6 +462,8 @@ again = calls()
 for t, outs in enumerate(results):
     for i, (a, b) in enumerate(zip(outs, again)):
         assert torch.equal(a, b), f"thread {t}, result {i} differs from a later single-thread call"
+reached = [torch.ops.vga._gather_concat_linear_choice(x, w, None) for x, w, _ in inputs]
+assert reached == REACHES, f"the shapes no longer reach the kernels they stand for: {reached}"
 print("ok", len(again))
 """
 

@@ -7,8 +7,9 @@
 // `static PerDevice<...>` is a table of its own; a table's computation may use other tables.
 // A table whose values come from the current device rather than from the device index
 // (cudaFuncSetAttribute, the occupancy queries) is a PerCurrentDevice: its first computation for a
-// device checks that device is the current one, which every caller's device guard makes it, so a
-// caller without its guard fails there instead of filing one device's answer under another.
+// device checks that device is the current one, which every caller's device guard makes it, so the
+// first caller without its guard fails there instead of filing one device's answer under another
+// (a later one finds the value computed: the check costs nothing after the first call).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,8 +39,10 @@ class PerDevice {
         if constexpr (kFromCurrentDevice) {
           int current = -1;
           const cudaError_t got = cudaGetDevice(&current);
-          STD_TORCH_CHECK(got == cudaSuccess && current == device, "vga: a query for CUDA device ", device,
-                          " while device ", current, " is current (", cudaGetErrorString(got), ")");
+          if (got != cudaSuccess) cudaGetLastError();  // (not a later launch's error)
+          STD_TORCH_CHECK(got == cudaSuccess, "vga: cannot read the current CUDA device: ", cudaGetErrorString(got));
+          STD_TORCH_CHECK(current == device, "vga: a query for CUDA device ", device, " while device ", current,
+                          " is current (a caller without its device guard)");
         }
         values_[i] = std::forward<Compute>(compute)();
         ready_[i].store(true, std::memory_order_release);

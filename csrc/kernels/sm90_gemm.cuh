@@ -195,8 +195,8 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
   visit_half_dtype(p.dtype, [&](auto element) {
     using Element = decltype(element);
     const Sm90GemmPlan chosen = sm90_gemm_plan<Element>(p, shapes);
-    if (chosen.swapped) {  // A is W (two 64-row boxes a tile), B the tokens (half a token tile a box)
-      const CUtensorMap w_rows_map = w_tensor_map(p, kBlockK, 64);
+    if (chosen.swapped) {  // A is W (a box a consumer), B the tokens (half a token tile a box)
+      const CUtensorMap w_rows_map = w_tensor_map(p, kBlockK, kConsumerRows);
       auto tokens_map_for = [&](int block_n) { return x_tensor_map(p, rows, kBlockK, block_n / kClusterM); };
       run_core<GemmKind::kForwardSwapped, Element>(shapes.swapped, chosen.plan, args, w_rows_map, tokens_map_for,
                                                    p.workspace, p.device_index, stream);
@@ -204,14 +204,15 @@ inline void sm90_gemm_forward(const ForwardProblem& p, cudaStream_t stream) {
     }
     args.tail_shards = static_cast<int>(tail > 0 && !chosen.spans_shards ? kBlockK / tail : 0);
     args.tail_h = static_cast<int>(p.shard_width - tail);
-    const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, 64);  // an A tile is two 64-row boxes (a narrow tile's one)
+    // an A tile is a box a consumer (a narrow tile's one)
+    const CUtensorMap x_map = x_tensor_map(p, rows, kBlockK, kConsumerRows);
     // A by cp.async (x_map unused but for its prefetch), W along its rows
     if (chosen.spans_shards) set_span_source(args, p, rows);
     auto w_map_for = [&](int block_n) {
       return chosen.spans_shards ? w_concat_tensor_map(p, kBlockK, block_n / kClusterM)
                                  : w_tensor_map(p, kBlockK, block_n / kClusterM);
     };
-    auto tail_maps_for = [&](int block_n) { return packed_tail_maps(p, rows, tail, 64, block_n / kClusterM); };
+    auto tail_maps_for = [&](int block_n) { return packed_tail_maps(p, rows, tail, kConsumerRows, block_n / kClusterM); };
     run_core<GemmKind::kForward, Element>(chosen.spans_shards ? shapes.span : shapes.shape, chosen.plan, args, x_map,
                                           w_map_for, p.workspace, p.device_index, stream, tail_maps_for);
   });

@@ -37,7 +37,7 @@ inline const char* sm90_grad_input_refusal(const GradInputProblem& p) {
 inline void sm90_grad_input(const GradInputProblem& p, cudaStream_t stream) {
   using namespace sm90;
   const CUtensorMap grad_out_map = matrix_tensor_map(p.grad_out, p.dtype, p.out_features, p.rows, p.grad_out_stride,
-                                                     1, 0, kBlockK, 64);  // an A tile is two 64-row boxes
+                                                     1, 0, kBlockK, kConsumerRows);  // a box a consumer
   const CUtensorMap weight_map = matrix_tensor_map(p.weight, p.dtype, p.columns(), p.out_features,
                                                    p.weight_stride_out, 1, 0, 64, kBlockK);
   CoreShape shape;

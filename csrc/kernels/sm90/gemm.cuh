@@ -73,7 +73,9 @@ template <int kTileM>
 constexpr int kThreadsOf = 128 * (1 + kConsumersOf<kTileM>);
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
-constexpr int kMnBlockBytes = 64 * kBlockK * 2;  // one MN-major TMA box: 64 columns x a k-block, 8 KB
+// A consumer's rows of an A tile x a k-block, one TMA box (8 KB); an MN-major box (64 columns, one
+// 128-byte swizzle row of 16-bit elements) is as large.
+constexpr int kMnBlockBytes = kConsumerRows * kBlockK * 2;
 
 template <int kBlockN, int kTileM = kBlockM>
 struct TileShape {
