@@ -497,7 +497,7 @@ def _schedule_int_constants():
     values = {}
     for name, expression in re.findall(r"constexpr int (\w+) = ([^;]+);", _schedule_source()):
         assert re.fullmatch(r"[\w\s*+/()-]+", expression), (name, expression)
-        values[name] = int(eval(expression, {"__builtins__": {}}, dict(values)))
+        values[name] = int(eval(expression, {"__builtins__": {}}, values))
     return values
 
 

@@ -73,9 +73,10 @@ template <int kTileM>
 constexpr int kThreadsOf = 128 * (1 + kConsumersOf<kTileM>);
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
-// A consumer's rows of an A tile x a k-block, one TMA box (8 KB); an MN-major box (64 columns, one
-// 128-byte swizzle row of 16-bit elements) is as large.
-constexpr int kMnBlockBytes = kConsumerRows * kBlockK * 2;
+// A consumer's part of an A tile: its rows (or, MN-major, columns) x a k-block, one TMA box (8 KB).
+constexpr int kAPartBytes = kConsumerRows * kBlockK * 2;
+// An MN-major TMA box: 64 columns (one 128-byte swizzle row of 16-bit elements) x a k-block (8 KB).
+constexpr int kMnBlockBytes = 64 * kBlockK * 2;
 
 template <int kBlockN, int kTileM = kBlockM>
 struct TileShape {
@@ -241,7 +242,7 @@ __device__ __forceinline__ LiveParts live_parts(const TileCoord& c, const CoreAr
 }
 
 // The producer's copies for k-block `kb` (at `cur`) of tile `c` into one stage (all complete on
-// `bar`). A is two 64-row (or, MN-major, 64-column) boxes of 8 KB, one of a narrow tile; B is two K-major halves (the
+// `bar`). A is a box a consumer (kAPartBytes: two, one of a narrow tile); B is two K-major halves (the
 // forward's W rows) or kBlockN / 64 MN-major boxes. The operand the cluster shares is split
 // between its CTAs, each multicasting its part; the other one each CTA loads whole for itself.
 // The forward's packed tail k-blocks come through the tail maps, from shard (kb - first) * shards.
@@ -263,7 +264,7 @@ __device__ __forceinline__ void load_stage(uint8_t* a_dst, uint8_t* b_dst, const
   const bool tail = kTailShards > 0 && kb >= args.tail_kblock_begin;
   const int tail_shard = (kb - args.tail_kblock_begin) * kTailShards;
   auto load_a = [&](int part, bool multicast) {  // part's consumer rows (or columns) of the tile
-    uint8_t* dst = a_dst + part * kMnBlockBytes;
+    uint8_t* dst = a_dst + part * kAPartBytes;
     if constexpr (kKind == GemmKind::kForward) {
       if (tail && args.x_4d) {
         copy_4d(multicast, dst, &tails->a, bar, args.tail_h, c.inner0 + kConsumerRows * part, c.outer, tail_shard);
@@ -459,9 +460,10 @@ __device__ __forceinline__ void release_stage(uint64_t* empty) {
 template <GemmKind kKind>
 __device__ __forceinline__ uint64_t a_descriptor(const uint8_t* a_tile, int consumer) {
   if constexpr (Majorness<kKind>::kTransA) {
-    return mn_major_swizzle128_descriptor(a_tile + consumer * kMnBlockBytes, kMnBlockBytes);
+    static_assert(kAPartBytes == kMnBlockBytes, "a consumer's MN-major A part is one box");
+    return mn_major_swizzle128_descriptor(a_tile + consumer * kAPartBytes, kMnBlockBytes);
   } else {
-    return k_major_swizzle128_descriptor(a_tile + consumer * kConsumerRows * 128);
+    return k_major_swizzle128_descriptor(a_tile + consumer * kAPartBytes);
   }
 }
 template <GemmKind kKind>
@@ -617,7 +619,7 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
         // spare for the count, which cost those kernels 4-9 more spilled accesses each.)
         constexpr LiveParts kAllParts{kConsumers, kBPartsOf<kKind, kBlockN>};
         const LiveParts live = kSpanShards ? kAllParts : live_parts<kKind, kBlockN, kTileM>(c, args);
-        const uint32_t a_bytes = kCopiesA ? 0 : live.a * kMnBlockBytes;
+        const uint32_t a_bytes = kCopiesA ? 0 : live.a * kAPartBytes;
         const uint32_t b_bytes = kCopiesB ? 0 : live.b * kBPartBytesOf<kKind, kBlockN>;
         const uint32_t stage_bytes = kInCluster             ? a_bytes + b_bytes
                                      : args.cluster_along_n ? a_bytes + (c.exists ? b_bytes : 0)
@@ -716,7 +718,7 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
           constexpr int kShards = kTailShards > 0 ? kTailShards : 1;
           constexpr int kRowBytes = 128 / kShards;
           mma_kblock<4, kKind, Element, kBlockN>(
-              acc, k_major_swizzled_descriptor(a_tiles + stage * Tile::kATileBytes + consumer * kMnBlockBytes, kRowBytes),
+              acc, k_major_swizzled_descriptor(a_tiles + stage * Tile::kATileBytes + consumer * kAPartBytes, kRowBytes),
               shard_tail_k_steps<kConsumerRows, kShards>(),
               k_major_swizzled_descriptor(b_tiles + stage * Tile::kBTileBytes, kRowBytes),
               shard_tail_k_steps<kBlockN, kShards>(), first);
