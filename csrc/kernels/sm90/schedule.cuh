@@ -385,7 +385,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // The widths of this orientation, widest first (problem.cuh).
   const int* const widths = s.token_tiles ? kTokenWidths : kCoreWidths;
   const size_t width_count = s.token_tiles ? std::size(kTokenWidths) : std::size(kCoreWidths);
-  // Narrow tiles forced (m64): 64 wide, no split in the cluster.
+  // Narrow tiles forced (m64): 64 wide.
   const int block_m = forced.block_m != 0 ? forced.block_m : kBlockM;
   const bool narrow = block_m == kNarrowBlockM;
   CorePlan best{forced.block_n != 0 ? forced.block_n : narrow ? 64 : widths[0], 1, static_cast<int>(kblocks), false};
@@ -418,8 +418,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       if (per_split < 4 && splits > 1) break;
       if (ceil_div(kblocks, per_split) == splits) consider({block_n, splits, static_cast<int>(per_split), false});
     }
-    if (narrow) continue;
-    const int64_t tiles = s.m_outer * ceil_div(s.m_inner, kBlockM) * s.n_groups * ceil_div(s.n_group_width, block_n);
+    const int64_t tiles = s.m_outer * ceil_div(s.m_inner, block_m) * s.n_groups * ceil_div(s.n_group_width, block_n);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(kblocks, slices);
       // The rule gives every CTA of the cluster a slice, in one round (plan_cost's note); forced, the
@@ -440,9 +439,16 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // R=16 H=80 K=1280 at 100-333 rows 1.06-1.07x its n64/c2, R=32 H=96 K=3072 at 100-128 rows 1.25x
   // its n64/c2) while they won 7-12% over unsplit n64 (R=12 H=64 K=768 and R=3 H=256 K=1000 at
   // 100-512 rows, R=8 H=80 K=2048 at 100-256) and lost where their twice the tiles take two rounds.
+  // A 64-wide split in the cluster likewise weighs its narrow tiles with the same split, where their
+  // twice the clusters still fit at once (the rule's one round): each CTA's k-blocks copy 2/3 of the
+  // bytes and it sums 64 / S rows instead of 128 / S.
   const bool plan_free = forced.block_n == 0 && forced.splits <= 1 && forced.cluster_splits == 0 && forced.block_m == 0;
   if (plan_free && s.narrow_tiles && best.splits == 1) {
     consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
+  } else if (plan_free && s.narrow_tiles && best.in_cluster && best.block_n == 64 &&
+             s.m_outer * ceil_div(s.m_inner, kNarrowBlockM) * s.n_groups * ceil_div(s.n_group_width, 64) <=
+                 resident.of(best.splits)) {
+    consider_tiles({64, best.splits, best.kblocks_per_split, true}, kNarrowBlockM);
   }
   return best;
 }
