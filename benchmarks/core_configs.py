@@ -311,8 +311,9 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
     this product, and the keys the rule could pick at all ((None, []) if none): sm90_gemm_plan's
     rule. choose_plan's cheapest plan of each orientation, the swapped one only if 3% cheaper (the
-    first orientation's unsplit plan giving way to the narrow tiles, NARROW_KEY, if they are 3%
-    cheaper: choose_plan's last step); with the "span" layout, where H % 64 is not 0, 16 or 32,
+    first orientation's unsplit plan giving way to the narrow tiles, NARROW_KEY, or its 64-wide split
+    in the cluster to the narrow tiles of that split where they fit at once, if they are 3% cheaper:
+    choose_plan's last step); with the "span" layout, where H % 64 is not 0, 16 or 32,
     the cheapest plan along the concatenation
     ("fwd_sm90_gemm/n128/s1/span": each non-token key's span variant is weighed) if 3% cheaper than
     that one with its zero fill charged. grad_weight where H % 64 != 0: its columns along the

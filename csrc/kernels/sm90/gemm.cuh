@@ -764,7 +764,7 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
         cluster_arrive_relaxed();
         // (a forced split may leave a slice without k-blocks: its partial tile is zeros)
         float* partial = reinterpret_cast<float*>(shared);
-        stage_partial_tile<kBlockN>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
+        stage_partial_tile<kBlockN, kTileM>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
         fence_proxy_async_shared();  // the bulk copies (the async proxy) read what these stores wrote
         named_barrier_sync(3, 128 * kConsumers);
         cluster_wait();  // every CTA's ring is free

@@ -385,7 +385,8 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // The widths of this orientation, widest first (problem.cuh).
   const int* const widths = s.token_tiles ? kTokenWidths : kCoreWidths;
   const size_t width_count = s.token_tiles ? std::size(kTokenWidths) : std::size(kCoreWidths);
-  // Narrow tiles forced (m64): 64 wide.
+  // Narrow tiles forced (m64): 64 wide; split in the cluster only where that is forced too (c<S>/m64),
+  // so that a forced m64 alone keeps its paired kernel, unsplit or split across the grid.
   const int block_m = forced.block_m != 0 ? forced.block_m : kBlockM;
   const bool narrow = block_m == kNarrowBlockM;
   CorePlan best{forced.block_n != 0 ? forced.block_n : narrow ? 64 : widths[0], 1, static_cast<int>(kblocks), false};
@@ -418,6 +419,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       if (per_split < 4 && splits > 1) break;
       if (ceil_div(kblocks, per_split) == splits) consider({block_n, splits, static_cast<int>(per_split), false});
     }
+    if (narrow && forced.cluster_splits == 0) continue;
     const int64_t tiles = s.m_outer * ceil_div(s.m_inner, block_m) * s.n_groups * ceil_div(s.n_group_width, block_n);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(kblocks, slices);
