@@ -218,6 +218,9 @@ struct CoreShape {
   bool narrow_tiles = false;
   int64_t kblocks_per_group() const { return ceil_div(k_group_width, kBlockK); }
   int64_t kblocks() const { return k_groups * kblocks_per_group() + tail_kblocks; }
+  // Output tiles along M and N at a tile's rows and width.
+  int64_t m_tiles(int block_m) const { return m_outer * ceil_div(m_inner, block_m); }
+  int64_t n_tiles(int block_n) const { return n_groups * ceil_div(n_group_width, block_n); }
 };
 
 // The tile widths of the swapped forward, whose N is the tokens: multiples of 16 (each half of a
@@ -334,8 +337,8 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   // (the narrow tiles' calls are bound by each SM's L2 -> SM traffic, not by the tensor cores).
   const double rows_ratio = static_cast<double>(plan.block_m + plan.block_n) / (kBlockM + plan.block_n);
   const double kblock_us = std::max(kblock_us_of(plan.block_n, k) * rows_ratio, span_floor_us);
-  const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, plan.block_m);
-  const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, plan.block_n);
+  const int64_t m_tiles = s.m_tiles(plan.block_m);
+  const int64_t n_tiles = s.n_tiles(plan.block_n);
   const double rows = static_cast<double>(s.m_outer * s.m_inner);
   const double columns = static_cast<double>(s.n_groups * s.n_group_width);
   // The reduction without the zero fill of each group's last k-block, whose empty k steps the
@@ -420,7 +423,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       if (ceil_div(kblocks, per_split) == splits) consider({block_n, splits, static_cast<int>(per_split), false});
     }
     if (narrow && forced.cluster_splits == 0) continue;
-    const int64_t tiles = s.m_outer * ceil_div(s.m_inner, block_m) * s.n_groups * ceil_div(s.n_group_width, block_n);
+    const int64_t tiles = s.m_tiles(block_m) * s.n_tiles(block_n);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(kblocks, slices);
       // The rule gives every CTA of the cluster a slice, in one round (plan_cost's note); forced, the
@@ -448,8 +451,7 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   if (plan_free && s.narrow_tiles && best.splits == 1) {
     consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
   } else if (plan_free && s.narrow_tiles && best.in_cluster && best.block_n == 64 &&
-             s.m_outer * ceil_div(s.m_inner, kNarrowBlockM) * s.n_groups * ceil_div(s.n_group_width, 64) <=
-                 resident.of(best.splits)) {
+             s.m_tiles(kNarrowBlockM) * s.n_tiles(64) <= resident.of(best.splits)) {
     consider_tiles({64, best.splits, best.kblocks_per_split, true}, kNarrowBlockM);
   }
   return best;
