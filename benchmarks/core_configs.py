@@ -29,16 +29,18 @@ import metrics as M
 
 LAYERS = [(32, 128, 4096), (40, 128, 5120), (64, 128, 8192), (8, 1024, 8192), (4, 2048, 8192), (8, 512, 4096),
           (12, 64, 768), (16, 80, 1280), (3, 256, 1000), (2, 1536, 768), (32, 96, 3072)]
-# The forward's narrow tiles (64 rows, 64 wide), weighed unsplit against an unsplit plan only.
+# The forward's narrow tiles (64 rows, 64 wide), weighed unsplit against an unsplit plan, and split
+# in the cluster against the 64-wide plan of the same split.
 NARROW_CONFIG = "sm90_gemm/n64/s1/m64"
 NARROW_KEY = "fwd_" + NARROW_CONFIG
+NARROW_CLUSTER_CONFIGS = [f"sm90_gemm/n64/c{slices}/m64" for slices in (2, 4, 8)]
 # s<count>: a split across the grid (workspace + a second launch); c<count>: in the cluster (DSMEM sum).
 # (the in-cluster splits the rule can take at few tiles are all here: run 94's largest regret was the
 # rule's n192/c4, which the list then lacked)
 CONFIGS = ["sm90_gemm"] + [f"sm90_gemm/{c}" for c in (
     "n256/s1", "n256/s2", "n192/s1", "n192/s2", "n192/c2", "n192/c4", "n128/s1", "n128/s2",
     "n128/s4", "n128/c2", "n128/c4", "n128/c8", "n64/s1", "n64/s2", "n64/s4", "n64/c2", "n64/c4", "n64/c8", "n240/s1",
-    "n176/s1", "n112/s1", "n96/s1")] + [NARROW_CONFIG]
+    "n176/s1", "n112/s1", "n96/s1")] + [NARROW_CONFIG] + NARROW_CLUSTER_CONFIGS
 # The forward's token widths: it runs transposed (W's rows as M, the tokens as N; no split).
 TOKEN_WIDTHS = (96, 112, 176, 240)
 # A tile's rows (schedule.cuh: kBlockM, two consumer warpgroups) and the forward's narrow tiles' (kNarrowBlockM).
@@ -237,7 +239,8 @@ def plan_keys(rec, kind):
     """Every configuration choose_plan (schedule.cuh) weighs for this product, as the forced names
     spell them ("fwd_sm90_gemm/n128/s2"), in its order: per width 256, 192, 128, 64 the grid
     splits it enumerates (fewest first, until a slice is shorter than 4 k-blocks), then the cluster
-    splits 2, 4, 8; the forward's token widths unsplit; its narrow tiles (NARROW_KEY)."""
+    splits 2, 4, 8; the forward's token widths unsplit; its narrow tiles (NARROW_KEY, and split in
+    the cluster)."""
     total = kblocks(core_shape(rec, kind))
     keys = []
     for block_n in (256, 192, 128, 64):
@@ -249,7 +252,8 @@ def plan_keys(rec, kind):
                 keys.append(f"{kind}_sm90_gemm/n{block_n}/s{splits}")
         keys += [f"{kind}_sm90_gemm/n{block_n}/c{slices}" for slices in (2, 4, 8)]
     if kind == "fwd":
-        keys += [f"{kind}_sm90_gemm/n{block_n}/s1" for block_n in TOKEN_WIDTHS] + [NARROW_KEY]
+        keys += ([f"{kind}_sm90_gemm/n{block_n}/s1" for block_n in TOKEN_WIDTHS] + [NARROW_KEY]
+                 + [f"{kind}_{c}" for c in NARROW_CLUSTER_CONFIGS])
     return keys
 
 
@@ -275,12 +279,13 @@ def _plans(kind, p, keys, shapes, first_only, resident):
         total = kblocks(shape)
         per_split = math.ceil(total / splits)
         used = splits if in_cluster else math.ceil(total / per_split)
+        block_m = NARROW_BLOCK_M if is_narrow(key) else BLOCK_M
         if in_cluster and (block_n > WIDEST_CLUSTER_SPLIT or per_split * (splits - 1) >= total
-                           or math.prod(tile_counts(shape, block_n)) > counts[splits] or shape.get("span_copy") == "B"):
+                           or math.prod(tile_counts(shape, block_n, block_m)) > counts[splits]
+                           or shape.get("span_copy") == "B"):
             continue  # the rule gives every CTA of the cluster a slice, all clusters in one round (no
             # in-cluster split for grad_weight's columns along the concatenation)
-        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts,
-                         NARROW_BLOCK_M if is_narrow(key) else BLOCK_M)
+        cost = plan_cost(shape, block_n, used, per_split, in_cluster, p, counts, block_m)
         candidates.append((cost, key, (swapped, -block_n, in_cluster, splits)))
     return candidates
 
@@ -306,8 +311,9 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
     this product, and the keys the rule could pick at all ((None, []) if none): sm90_gemm_plan's
     rule. choose_plan's cheapest plan of each orientation, the swapped one only if 3% cheaper (the
-    first orientation's unsplit plan giving way to the narrow tiles, NARROW_KEY, if they are 3%
-    cheaper: choose_plan's last step); with the "span" layout, where H % 64 is not 0, 16 or 32,
+    first orientation's unsplit plan giving way to the narrow tiles, NARROW_KEY, or its 64-wide split
+    in the cluster to the narrow tiles of that split where they fit at once, if they are 3% cheaper:
+    choose_plan's last step); with the "span" layout, where H % 64 is not 0, 16 or 32,
     the cheapest plan along the concatenation
     ("fwd_sm90_gemm/n128/s1/span": each non-token key's span variant is weighed) if 3% cheaper than
     that one with its zero fill charged. grad_weight where H % 64 != 0: its columns along the
@@ -328,12 +334,17 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     if not candidates:
         return None, []
     best = _cheapest(candidates)
-    # choose_plan's last step: the narrow tiles replace an unsplit plan of the first orientation if 3% cheaper
-    if NARROW_KEY in keys and False in best and best[False][1].endswith("/s1"):
-        narrow = _plans(kind, p, [NARROW_KEY], shapes, first_only, resident)[0]
-        candidates.append(narrow)
-        if narrow[0] < 0.97 * best[False][0]:
-            best[False] = narrow
+    # choose_plan's last step: the narrow tiles replace an unsplit plan of the first orientation, or
+    # a 64-wide split in the cluster with the same split where their tiles fit at once, if 3% cheaper
+    if False in best:
+        first = best[False][1]
+        narrow_key = (NARROW_KEY if first.endswith("/s1")
+                      else first + "/m64" if first.startswith(f"{kind}_sm90_gemm/n64/c") else None)
+        narrow = _plans(kind, p, [narrow_key], shapes, first_only, resident) if narrow_key in keys else []
+        if narrow:
+            candidates.append(narrow[0])
+            if narrow[0][0] < 0.97 * best[False][0]:
+                best[False] = narrow[0]
     swaps = True in best and (False not in best or best[True][0] < 0.97 * best[False][0])
     chosen, eligible = best[swaps][1], [c[1] for c in candidates]
     if spans:

@@ -532,7 +532,8 @@ def test_the_plan_model_tiles_rows_as_the_kernels_do():
 def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
     # choose_plan's last step (mirrored by core_configs.pick): the 64-row tiles replace an unsplit
     # 128-row plan where the doubled tiles fit one round (run 151: 0.88-0.93x), never a split plan
-    # (they lost to each split the plan took) nor where they take two rounds; and a packed tail
+    # unsplit (they lost to each split the plan took) nor where they take two rounds; a 64-wide
+    # split in the cluster, split the same way, where their clusters fit at once; and a packed tail
     # k-block's copy makes several-round plans of the 80-wide heads take n256 (run 157), not a
     # one-round plan's slices
     import core_configs
@@ -546,7 +547,9 @@ def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
 
     assert picked(12, 64, 768, 256) == "sm90_gemm/n64/s1/m64"
     assert picked(12, 64, 768, 1024) == "sm90_gemm/n64/s1"  # two rounds of narrow tiles
-    assert picked(16, 80, 1280, 256) == "sm90_gemm/n64/c2"  # split: not weighed
+    assert picked(16, 80, 1280, 100) == "sm90_gemm/n64/c2/m64"  # the split's narrow tiles: 40 clusters of 2
+    assert picked(2, 1536, 768, 128) == "sm90_gemm/n64/c4/m64"  # 24 clusters of 4
+    assert picked(16, 80, 1280, 256) == "sm90_gemm/n64/c2"  # 80 clusters of narrow tiles: not at once
     assert picked(16, 80, 1280, 8192) == "sm90_gemm/n256/s1"
     assert picked(16, 80, 1280, 8192, dict(constants, tail_kblock_us=0.0)) == "sm90_gemm/n128/s1"
     assert picked(16, 80, 1280, 1024) == "sm90_gemm/n128/s1"  # one round: the tails' copy is not charged

@@ -24,9 +24,10 @@ CONFIGS = ["sm90_gemm", "sm90_gemm/n64", "sm90_gemm/n128", "sm90_gemm/n192", "sm
 # The forward's token widths: the product computed transposed (W's rows as M, the tokens as N), its
 # tile stored transposed; the backward products do not take them.
 TOKEN_CONFIGS = ["sm90_gemm/n96", "sm90_gemm/n112", "sm90_gemm/n176", "sm90_gemm/n240"]
-# The forward's narrow tiles (64 rows, one consumer warpgroup, 64 wide), unsplit and split across the
-# grid; the backward products do not take them.
-NARROW_CONFIGS = ["sm90_gemm/m64", "sm90_gemm/n64/s1/m64", "sm90_gemm/n64/s3/m64"]
+# The forward's narrow tiles (64 rows, one consumer warpgroup, 64 wide), unsplit, split across the
+# grid and in the cluster (each CTA sums 64 / S rows); the backward products do not take them.
+NARROW_CONFIGS = ["sm90_gemm/m64", "sm90_gemm/n64/s1/m64", "sm90_gemm/n64/s3/m64", "sm90_gemm/n64/c2/m64",
+                  "sm90_gemm/c4/m64", "sm90_gemm/n64/c8/m64"]
 # x's operand along the concatenation, forced ("span": H % 64 != 0 only): the forward's k-blocks
 # and grad_weight's columns, at each width, split across the grid and in the cluster.
 SPAN_CONFIGS = ["sm90_gemm/span", "sm90_gemm/n64/span", "sm90_gemm/n128/s3/span", "sm90_gemm/n192/span",
@@ -126,13 +127,12 @@ def test_the_widest_tile_takes_no_split_in_the_cluster():
             product()
 
 
-def test_narrow_tiles_are_the_forwards_64_wide_unsplit_in_the_cluster():
+def test_narrow_tiles_are_the_forwards_64_wide():
     x = make_x(2, (130,), 64, torch.bfloat16, "cuda")
     w, b = make_params(2, 64, 72, torch.bfloat16, "cuda")
     g = torch.randn(130, 72, dtype=torch.bfloat16, device="cuda")
     cases = [  # (what the error says, the call)
         ("m64 .64-row tiles. runs 64 wide .n64., not n128", lambda: run_op(x, w, b, "sm90_gemm/n128/m64")),
-        ("m64 .64-row tiles. takes no split in the cluster, not c2", lambda: run_op(x, w, b, "sm90_gemm/c2/m64")),
         ("m64 .64-row tiles. runs the forward a shard at a time, not 'span'",
          lambda: run_op(make_x(2, (130,), 48, torch.bfloat16, "cuda"), *make_params(2, 48, 72, torch.bfloat16, "cuda"),
                         "sm90_gemm/span/m64")),
@@ -145,11 +145,12 @@ def test_narrow_tiles_are_the_forwards_64_wide_unsplit_in_the_cluster():
             call()
 
 
-@pytest.mark.parametrize("config", ["sm90_gemm/n64/s1/m64", "sm90_gemm/n64/s3/m64"])
+@pytest.mark.parametrize("config", ["sm90_gemm/n64/s1/m64", "sm90_gemm/n64/s3/m64", "sm90_gemm/n64/c4/m64"])
 @pytest.mark.parametrize("shape", [(4, (1000,), 80, 1100), (3, (2, 700), 96, 900)], ids=str)
 def test_narrow_tiles_walk_several_tiles_with_packed_tails(config, shape):
-    # more 64-row tile pairs than fit at once (each CTA walks several), over packed shard tails of 4
-    # and 2 shards a k-block, a 4-D x among them
+    # more 64-row tile pairs (or clusters) than fit at once (each CTA walks several; the in-cluster
+    # split's grid takes several rounds), over packed shard tails of 4 and 2 shards a k-block, a 4-D
+    # x among them
     R, batch, H, K = shape
     x = make_x(R, batch, H, torch.bfloat16, "cuda")
     w, b = make_params(R, H, K, torch.bfloat16, "cuda")
@@ -392,10 +393,10 @@ def test_gradients_are_bitwise_deterministic(config):
 
 
 @pytest.mark.parametrize("config", ["sm90_gemm/n176", "sm90_gemm/n128/s3/span", "sm90_gemm/n64/c2/span",
-                                    "sm90_gemm/n64/s3/m64"])
+                                    "sm90_gemm/n64/s3/m64", "sm90_gemm/n64/c4/m64"])
 def test_token_span_and_narrow_configurations_are_bitwise_deterministic(config):
     # The swapped forward's transposed stores; the span copies (forward k-blocks, grad_weight's
-    # columns) under both splits; the narrow tiles split across the grid.
+    # columns) under both splits; the narrow tiles split across the grid and in the cluster.
     R, batch, H, K = 9, (1000,), 112, 264
     x = make_x(R, batch, H, torch.bfloat16, "cuda")
     w, b = make_params(R, H, K, torch.bfloat16, "cuda")

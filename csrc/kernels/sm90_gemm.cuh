@@ -15,7 +15,8 @@
 // width (64, 128, 192 or 256) and reduction split (none, across the grid, or in a cluster) come
 // from the core's plan (sm90/schedule.cuh): 128 x 256 tiles where they fill the GPU, narrower
 // tiles and splits where they would leave SMs idle (100-1024 rows, small K), and 64 x 64 tiles
-// ("m64", one consumer warpgroup) where an unsplit plan's 128-row tiles are too few for the SMs. Or the product runs
+// ("m64", one consumer warpgroup) where an unsplit plan's 128-row tiles, or a 64-wide split in the
+// cluster's, are too few for the SMs. Or the product runs
 // transposed (kForwardSwapped: W's rows in 128-row tiles, the tokens in tiles of 96, 112, 176 or 240)
 // where the plan model says the tokens' padding to 128-row tiles costs more than 3% (333 rows are
 // 3 x 128 = 384 rows of work, 2 x 176 = 352 swapped): the rule compares the two orientations'

@@ -29,16 +29,16 @@
 namespace vga {
 namespace sm90 {
 
-// The in-cluster split's partial tile: fp32 [kBlockM][kLd], in the stage ring's memory
+// The in-cluster split's partial tile: fp32 [kTileM][kLd], in the stage ring's memory
 // (free once the tile's last k-block is consumed: a cluster walks one tile). The row pitch's 8
 // extra floats put the 8 rows a store instruction writes in different banks. After it, the rows
-// this CTA sums as the peers' partial tiles hold them: one slot of 128 / S rows a peer, S - 1
+// this CTA sums as the peers' partial tiles hold them: one slot of kTileM / S rows a peer, S - 1
 // slots (kExchangeBytes: the tile and the slots of the largest cluster, S = 8).
-template <int kBlockN>
+template <int kBlockN, int kTileM = kBlockM>
 struct PartialTile {
   static constexpr int kLd = kBlockN + 8;
-  static constexpr int kBytes = kBlockM * kLd * 4;
-  static constexpr int kExchangeBytes = kBytes + 7 * (kBlockM / 8) * kLd * 4;
+  static constexpr int kBytes = kTileM * kLd * 4;
+  static constexpr int kExchangeBytes = kBytes + 7 * (kTileM / 8) * kLd * 4;
 };
 
 #ifdef VGA_SM90A_DEVICE
@@ -226,10 +226,10 @@ __device__ __forceinline__ void store_tile_transposed(const float (&acc)[kBlockN
 
 // Writes a consumer warpgroup's kConsumerRows x kBlockN accumulators (zeros unless `accumulated`)
 // into its rows of the partial tile, from kConsumerRows * consumer.
-template <int kBlockN>
+template <int kBlockN, int kTileM>
 __device__ __forceinline__ void stage_partial_tile(const float (&acc)[kBlockN / 2], bool accumulated, float* partial,
                                                    int consumer, int thread_in_wg) {
-  constexpr int kLd = PartialTile<kBlockN>::kLd;
+  constexpr int kLd = PartialTile<kBlockN, kTileM>::kLd;
   const int warp = thread_in_wg / 32;
   const int lane = thread_in_wg % 32;
   const int row = consumer * kConsumerRows + warp * 16 + lane / 4;
@@ -251,7 +251,7 @@ constexpr int largest_divisor_at_most(int count, int limit) {
   return d < 1 ? 1 : d;
 }
 
-// CTA `rank` of the kSlices in the cluster: its rows of the tile (rank * 128 / S ..), summed over
+// CTA `rank` of the kSlices in the cluster: its rows of the tile (rank * kTileM / S ..), summed over
 // the slices' partial tiles in slice order, + bias, stored as Element (8-byte stores of 4 columns
 // where the row allows). `thread` counts the consumer threads (kConsumerThreads of them). Every
 // CTA's partial tile is staged and fenced for the async proxy, and every CTA's ring is free to
@@ -264,11 +264,11 @@ constexpr int largest_divisor_at_most(int count, int limit) {
 // threads read consecutive 16-byte chunks of a row (a warp's load: 2 x 256 contiguous bytes, no
 // bank conflict); a thread issues the loads of several chunks before it adds any (kBatch chunks x
 // kSlices loads, up to 8 in flight: 32 registers).
-template <typename Element, int kBlockN, int kSlices, int kConsumerThreads, bool kScatter>
+template <typename Element, int kBlockN, int kTileM, int kSlices, int kConsumerThreads, bool kScatter>
 __device__ __forceinline__ void sum_slices(const float* partial, uint64_t* received, const float* tile_bias,
                                            const CoreArgs& a, const TileCoord& c, int rank, int thread) {
-  constexpr int kLd = PartialTile<kBlockN>::kLd;
-  constexpr int kRows = kBlockM / kSlices;
+  constexpr int kLd = PartialTile<kBlockN, kTileM>::kLd;
+  constexpr int kRows = kTileM / kSlices;
   constexpr uint32_t kSlotBytes = kRows * kLd * 4;  // a slice's rows of one CTA: one slot, one copy
   constexpr int kChunksPerRow = kBlockN / 4;
   constexpr int kChunksPerThread = kRows * kChunksPerRow / kConsumerThreads;
@@ -276,7 +276,7 @@ __device__ __forceinline__ void sum_slices(const float* partial, uint64_t* recei
   static_assert(kSlotBytes % 16 == 0, "bulk copies move 16-byte multiples");
   constexpr int kBatch = largest_divisor_at_most(kChunksPerThread, std::max(1, 8 / kSlices));
   const uint32_t partial_base = smem_address(partial);
-  const uint32_t slots_base = partial_base + PartialTile<kBlockN>::kBytes;
+  const uint32_t slots_base = partial_base + PartialTile<kBlockN, kTileM>::kBytes;
   if (thread == 0) send_rows_to_peers(received, partial_base, slots_base, kSlotBytes, kSlotBytes, rank, kSlices);
   mbarrier_wait(received, 0);  // (one tile a cluster: the barrier's first phase)
   // This CTA's rows have landed: its consumers' arrival at the exit barrier (relaxed: it publishes
@@ -337,16 +337,16 @@ __device__ __forceinline__ void sum_slices(const float* partial, uint64_t* recei
 
 // The same for the cluster's size (2, 4 or 8 slices); `tile_bias` is the tile's bias (zeros but
 // for the forward).
-template <typename Element, int kBlockN, int kConsumerThreads, bool kScatter>
+template <typename Element, int kBlockN, int kTileM, int kConsumerThreads, bool kScatter>
 __device__ __forceinline__ void sum_cluster_tile(const float* partial, uint64_t* received, const float* tile_bias,
                                                  const CoreArgs& a, const TileCoord& c, uint32_t cta_rank, int thread) {
   const int rank = static_cast<int>(cta_rank);
   if (a.cluster_size == 2) {
-    sum_slices<Element, kBlockN, 2, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, kTileM, 2, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
   } else if (a.cluster_size == 4) {
-    sum_slices<Element, kBlockN, 4, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, kTileM, 4, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
   } else {
-    sum_slices<Element, kBlockN, 8, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
+    sum_slices<Element, kBlockN, kTileM, 8, kConsumerThreads, kScatter>(partial, received, tile_bias, a, c, rank, thread);
   }
 }
 

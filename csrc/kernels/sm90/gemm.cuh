@@ -18,9 +18,10 @@
 // tiles fill the last round badly (1.2 rounds of them are 2 rounds) at almost the same reuse; 128
 // and 64: two and four times the tiles, for the outputs whose wider tiles leave SMs idle: 100-1024
 // rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there; and the forward's 64 x 64 tiles,
-// kTileM = kNarrowBlockM, one consumer warpgroup, where even those leave most SMs idle and the plan
-// splits nothing: twice the CTAs, each copying 16 instead of 24 KB a k-block, as such calls are
-// bound by each SM's L2 -> SM traffic), k-blocks of 64 elements (one
+// kTileM = kNarrowBlockM, one consumer warpgroup, where even those leave most SMs idle: twice the
+// CTAs, each copying 16 instead of 24 KB a k-block, as such calls are bound by each SM's L2 -> SM
+// traffic; unsplit, or split in the cluster where twice the split's clusters still fit at once),
+// k-blocks of 64 elements (one
 // 128-byte swizzle row; a group's last k-block runs only the k steps that hold data; the forward
 // packs shards' 16- or 32-column tails 4 or 2 to a k-block, as a stage costs what it copies, zero
 // fill included, not the data it holds: kTailShards instantiations). Other widths that are not a
@@ -93,7 +94,7 @@ struct TileShape {
   static constexpr int kSharedBytes = kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes(kStages) + kBiasBytes;
   static_assert(is_core_width(kBlockN) || is_token_width(kBlockN), "wgmma N of the core");
   static_assert(kStageBytes % kSwizzleAlignment == 0, "stages stay 1024-byte aligned");
-  static_assert(PartialTile<kBlockN>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
+  static_assert(PartialTile<kBlockN, kTileM>::kBytes <= kStages * kStageBytes, "the partial tile reuses the stages");
 };
 
 // The forward's views of its packed shard tails (unused by the other kinds): x and W through their
@@ -520,7 +521,8 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[kBlockN / 2], uint64_t d
 // stage's full barrier counts those 128 threads' arrivals too. The forward's narrow tiles
 // (kTileM = kNarrowBlockM) are a separate instantiation with one consumer warpgroup and A one
 // 64-row box: for calls whose 128-row tiles leave most SMs idle, twice the CTAs, each copying 16
-// instead of 24 KB a 64-wide k-block (such calls are bound by each SM's L2 -> SM traffic).
+// instead of 24 KB a 64-wide k-block (such calls are bound by each SM's L2 -> SM traffic); with
+// the split in the cluster, each CTA sums 64 / S rows of the tile.
 template <GemmKind kKind, typename Element, int kBlockN, bool kInCluster, int kTailShards, bool kSpanShards,
           int kTileM = kBlockM>
 __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
@@ -532,8 +534,8 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
   static_assert(!kSpanShards || ((kKind == GemmKind::kForward || kKind == GemmKind::kGradWeight) && kTailShards == 0),
                 "only x's operand of the forward and grad_weight runs along the concatenation, unpacked");
   static_assert(kTileM == kBlockM || (kTileM == kNarrowBlockM && kKind == GemmKind::kForward && kBlockN == 64 &&
-                                      !kInCluster && !kSpanShards),
-                "the narrow tiles are the forward's, 64 wide, a shard at a time, without a split in the cluster");
+                                      !kSpanShards),
+                "the narrow tiles are the forward's, 64 wide, a shard at a time");
   constexpr int kConsumers = kConsumersOf<kTileM>;
   constexpr bool kCopiesA = SpanCopies<kKind, kSpanShards>::kA;
   constexpr bool kCopiesB = SpanCopies<kKind, kSpanShards>::kB;
@@ -542,7 +544,7 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
   constexpr int kMmaGroupsInFlight = mma_groups_in_flight<kKind>(kStages);
   static_assert(kMmaGroupsInFlight == 1 || kMmaGroupsInFlight == 2, "the consumers release one or two stages late");
   static_assert(!kInCluster || (kBlockN <= kWidestClusterSplit &&
-                                 PartialTile<kBlockN>::kExchangeBytes <= kStages * Tile::kStageBytes),
+                                 PartialTile<kBlockN, kTileM>::kExchangeBytes <= kStages * Tile::kStageBytes),
                 "the in-cluster sum's partial tile and its peers' rows fit the ring");
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>(
@@ -762,11 +764,11 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
         cluster_arrive_relaxed();
         // (a forced split may leave a slice without k-blocks: its partial tile is zeros)
         float* partial = reinterpret_cast<float*>(shared);
-        stage_partial_tile<kBlockN>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
+        stage_partial_tile<kBlockN, kTileM>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
         fence_proxy_async_shared();  // the bulk copies (the async proxy) read what these stores wrote
         named_barrier_sync(3, 128 * kConsumers);
         cluster_wait();  // every CTA's ring is free
-        sum_cluster_tile<Element, kBlockN, kConsumers * 128, kKind == GemmKind::kGradInput>(
+        sum_cluster_tile<Element, kBlockN, kTileM, kConsumers * 128, kKind == GemmKind::kGradInput>(
             partial, received, bias_rows, args, c, cta_rank, threadIdx.x - 128);
       } else if constexpr (kKind == GemmKind::kForwardSwapped) {
         store_tile_transposed<Element, kBlockN>(acc, row_bias, args, c, consumer, thread_in_wg);
@@ -816,9 +818,13 @@ int max_active_clusters_of_every_width(int cluster_size, int device) {
                      max_active_clusters<kKind, Element, 112, false>(cluster_size, device),
                      max_active_clusters<kKind, Element, 96, false>(cluster_size, device)});
   } else if constexpr (kInCluster) {  // (n64-n192: kWidestClusterSplit)
-    return std::min({max_active_clusters<kKind, Element, 192, true>(cluster_size, device),
-                     max_active_clusters<kKind, Element, 128, true>(cluster_size, device),
-                     max_active_clusters<kKind, Element, 64, true>(cluster_size, device)});
+    const int clusters = std::min({max_active_clusters<kKind, Element, 192, true>(cluster_size, device),
+                                   max_active_clusters<kKind, Element, 128, true>(cluster_size, device),
+                                   max_active_clusters<kKind, Element, 64, true>(cluster_size, device)});
+    if constexpr (kKind == GemmKind::kForward) {  // and its narrow tiles
+      return std::min(clusters, max_active_clusters<kKind, Element, 64, true, kNarrowBlockM>(cluster_size, device));
+    }
+    return clusters;
   } else {
     const int clusters = std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size, device),
                                    max_active_clusters<kKind, Element, 192, false>(cluster_size, device),
@@ -888,7 +894,7 @@ struct NoTailMaps {
 
 // The plan of one product: `forced` checked against the kind (the swapped forward takes only the
 // token widths, without a split; the other kinds only n64-n256, split in the cluster up to n192; the
-// narrow tiles, m64, only the forward a shard at a time, 64 wide, unsplit in the cluster), then
+// narrow tiles, m64, only the forward a shard at a time, 64 wide), then
 // choose_plan over what it allows.
 template <GemmKind kKind, typename Element>
 CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_index) {
@@ -910,8 +916,6 @@ CorePlan core_plan(const CoreShape& shape, ForcedConfig forced, int32_t device_i
     STD_TORCH_CHECK(shape.narrow_tiles, "vga sm90_gemm: m64 (64-row tiles) runs the forward a shard at a time, not 'span'");
     STD_TORCH_CHECK(forced.block_n == 0 || forced.block_n == 64, "vga sm90_gemm: m64 (64-row tiles) runs 64 wide (n64), not n",
                     forced.block_n);
-    STD_TORCH_CHECK(forced.cluster_splits == 0, "vga sm90_gemm: m64 (64-row tiles) takes no split in the cluster, not c",
-                    forced.cluster_splits, " (s<k> across the grid it takes)");
   }
   return choose_plan(shape, resident_clusters<kKind, Element>(device_index), forced);
 }
@@ -1016,12 +1020,12 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
       launch_core_kernel<kKind, Element, 96, false>(a_map, b_map, tails, args, clusters, device_index, stream);
     }
   } else if (plan.block_m == kNarrowBlockM) {
-    STD_TORCH_CHECK(kKind == GemmKind::kForward && plan.block_n == 64 && !plan.in_cluster && !args.span_shards,
-                    "vga sm90_gemm: the 64-row tiles are the forward's, 64 wide, a shard at a time, without a split in "
-                    "the cluster");
+    STD_TORCH_CHECK(kKind == GemmKind::kForward && plan.block_n == 64 && !args.span_shards,
+                    "vga sm90_gemm: the 64-row tiles are the forward's, 64 wide, a shard at a time");
     if constexpr (kKind == GemmKind::kForward) {
-      launch_core_kernel<kKind, Element, 64, false, kNarrowBlockM>(a_map, b_map, tails, args, clusters, device_index,
-                                                                   stream);
+      (plan.in_cluster ? launch_core_kernel<kKind, Element, 64, true, kNarrowBlockM>
+                       : launch_core_kernel<kKind, Element, 64, false, kNarrowBlockM>)(a_map, b_map, tails, args,
+                                                                                       clusters, device_index, stream);
     }
   } else if (plan.block_n == 256) {
     STD_TORCH_CHECK(!plan.in_cluster, "vga sm90_gemm: no in-cluster kernel of width 256");

@@ -218,6 +218,9 @@ struct CoreShape {
   bool narrow_tiles = false;
   int64_t kblocks_per_group() const { return ceil_div(k_group_width, kBlockK); }
   int64_t kblocks() const { return k_groups * kblocks_per_group() + tail_kblocks; }
+  // Output tiles along M and N at a tile's rows and width.
+  int64_t m_tiles(int block_m) const { return m_outer * ceil_div(m_inner, block_m); }
+  int64_t n_tiles(int block_n) const { return n_groups * ceil_div(n_group_width, block_n); }
 };
 
 // The tile widths of the swapped forward, whose N is the tokens: multiples of 16 (each half of a
@@ -334,8 +337,8 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
   // (the narrow tiles' calls are bound by each SM's L2 -> SM traffic, not by the tensor cores).
   const double rows_ratio = static_cast<double>(plan.block_m + plan.block_n) / (kBlockM + plan.block_n);
   const double kblock_us = std::max(kblock_us_of(plan.block_n, k) * rows_ratio, span_floor_us);
-  const int64_t m_tiles = s.m_outer * ceil_div(s.m_inner, plan.block_m);
-  const int64_t n_tiles = s.n_groups * ceil_div(s.n_group_width, plan.block_n);
+  const int64_t m_tiles = s.m_tiles(plan.block_m);
+  const int64_t n_tiles = s.n_tiles(plan.block_n);
   const double rows = static_cast<double>(s.m_outer * s.m_inner);
   const double columns = static_cast<double>(s.n_groups * s.n_group_width);
   // The reduction without the zero fill of each group's last k-block, whose empty k steps the
@@ -385,7 +388,8 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // The widths of this orientation, widest first (problem.cuh).
   const int* const widths = s.token_tiles ? kTokenWidths : kCoreWidths;
   const size_t width_count = s.token_tiles ? std::size(kTokenWidths) : std::size(kCoreWidths);
-  // Narrow tiles forced (m64): 64 wide, no split in the cluster.
+  // Narrow tiles forced (m64): 64 wide; split in the cluster only where that is forced too (c<S>/m64),
+  // so that a forced m64 alone keeps its paired kernel, unsplit or split across the grid.
   const int block_m = forced.block_m != 0 ? forced.block_m : kBlockM;
   const bool narrow = block_m == kNarrowBlockM;
   CorePlan best{forced.block_n != 0 ? forced.block_n : narrow ? 64 : widths[0], 1, static_cast<int>(kblocks), false};
@@ -418,8 +422,8 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
       if (per_split < 4 && splits > 1) break;
       if (ceil_div(kblocks, per_split) == splits) consider({block_n, splits, static_cast<int>(per_split), false});
     }
-    if (narrow) continue;
-    const int64_t tiles = s.m_outer * ceil_div(s.m_inner, kBlockM) * s.n_groups * ceil_div(s.n_group_width, block_n);
+    if (narrow && forced.cluster_splits == 0) continue;
+    const int64_t tiles = s.m_tiles(block_m) * s.n_tiles(block_n);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(kblocks, slices);
       // The rule gives every CTA of the cluster a slice, in one round (plan_cost's note); forced, the
@@ -440,9 +444,15 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // R=16 H=80 K=1280 at 100-333 rows 1.06-1.07x its n64/c2, R=32 H=96 K=3072 at 100-128 rows 1.25x
   // its n64/c2) while they won 7-12% over unsplit n64 (R=12 H=64 K=768 and R=3 H=256 K=1000 at
   // 100-512 rows, R=8 H=80 K=2048 at 100-256) and lost where their twice the tiles take two rounds.
+  // A 64-wide split in the cluster likewise weighs its narrow tiles with the same split, where their
+  // twice the clusters still fit at once (the rule's one round): each CTA's k-blocks copy 2/3 of the
+  // bytes and it sums 64 / S rows instead of 128 / S.
   const bool plan_free = forced.block_n == 0 && forced.splits <= 1 && forced.cluster_splits == 0 && forced.block_m == 0;
   if (plan_free && s.narrow_tiles && best.splits == 1) {
     consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
+  } else if (plan_free && s.narrow_tiles && best.in_cluster && best.block_n == 64 &&
+             s.m_tiles(kNarrowBlockM) * s.n_tiles(64) <= resident.of(best.splits)) {
+    consider_tiles({64, best.splits, best.kblocks_per_split, true}, kNarrowBlockM);
   }
   return best;
 }
