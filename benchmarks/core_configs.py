@@ -314,7 +314,8 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     rule. choose_plan's cheapest plan of each orientation, the swapped one only if 3% cheaper (the
     first orientation's unsplit plan giving way to the narrow tiles, NARROW_KEY or split in the
     cluster where their clusters fit at once, and its 64-wide split in the cluster to the narrow
-    tiles split in the cluster, each if 3% cheaper than the plan so far: choose_plan's last step);
+    tiles split in the cluster by as many slices or more, each if 3% cheaper than the plan so far:
+    choose_plan's last step);
     with the "span" layout, where H % 64 is not 0, 16 or 32, the cheapest plan along the concatenation
     ("fwd_sm90_gemm/n128/s1/span": each non-token key's span variant is weighed) if 3% cheaper than
     that one with its zero fill charged. grad_weight where H % 64 != 0: its columns along the
@@ -336,14 +337,15 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
         return None, []
     best = _cheapest(candidates)
     # choose_plan's last step: the narrow tiles, unsplit or split in the cluster where their tiles fit
-    # at once, replace an unsplit plan of the first orientation; split in the cluster, a 64-wide
-    # split in the cluster; each in that order if 3% cheaper than the plan so far
+    # at once, replace an unsplit plan of the first orientation; split in the cluster by as many
+    # slices or more, a 64-wide split in the cluster; each in that order if 3% cheaper than the plan so far
     if False in best:
         first = best[False][1]
         narrow_keys = ([NARROW_KEY] if first.endswith("/s1") else [] if first.startswith(f"{kind}_sm90_gemm/n64/c")
                        else None)
-        if narrow_keys is not None:
-            narrow_keys += [f"{kind}_{c}" for c in NARROW_CLUSTER_CONFIGS]
+        if narrow_keys is not None:  # (after a split in the cluster, by as many slices or more)
+            fewest = int(first.split("/")[2][1:])
+            narrow_keys += [f"{kind}_{c}" for c in NARROW_CLUSTER_CONFIGS if int(c.split("/")[2][1:]) >= fewest]
         for plan in _plans(kind, p, [k for k in narrow_keys or [] if k in keys], shapes, first_only, resident):
             candidates.append(plan)
             if plan[0] < 0.97 * best[False][0]:

@@ -450,18 +450,21 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // its n64/c2) while they won 7-12% over unsplit n64 (R=12 H=64 K=768 and R=3 H=256 K=1000 at
   // 100-512 rows, R=8 H=80 K=2048 at 100-256) and lost where their twice the tiles take two rounds.
   // The narrow tiles split in the cluster are weighed after them (an unsplit plan) or alone (a
-  // 64-wide split in the cluster), each split where its clusters fit at once (the rule's one round):
-  // a CTA's k-blocks copy 2/3 of the bytes and it sums 64 / S rows, which cost far less than the
-  // 128-row tiles' sums (narrow_slice_us; run 164: where R=12 H=64 K=768 and R=3 H=256 K=1000 took
-  // the unsplit narrow tiles at 100-256 rows, c2 or c4 of them ran 0.87-0.95x).
+  // 64-wide split in the cluster, by as many slices or more), each split where its clusters fit at
+  // once (the rule's one round): a CTA's k-blocks copy 2/3 of the bytes and it sums 64 / S rows,
+  // which cost far less than the 128-row tiles' sums (narrow_slice_us). Run 165 (H100, layers no
+  // issue names, 100-333 rows): after unsplit narrow tiles c2 / c4 of them ran 0.83-0.99x, after
+  // n64/c2 c4 of them 0.93-0.95x; in place of n64/c4, c2 of them (twice the k-blocks a CTA) ran
+  // 1.03-1.18x where the model had them cheaper, so fewer slices are not weighed.
   const bool plan_free = forced.block_n == 0 && forced.splits <= 1 && forced.cluster_splits == 0 && forced.block_m == 0;
   const bool after_unsplit = best.splits == 1;
   if (plan_free && s.narrow_tiles && (after_unsplit || (best.in_cluster && best.block_n == 64))) {
+    const int fewest_slices = best.splits;
     if (after_unsplit) consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
     const int64_t narrow_tiles = s.m_tiles(kNarrowBlockM) * s.n_tiles(64);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(kblocks, slices);
-      if (per_split * (slices - 1) < kblocks && narrow_tiles <= resident.of(slices)) {
+      if (slices >= fewest_slices && per_split * (slices - 1) < kblocks && narrow_tiles <= resident.of(slices)) {
         consider_tiles({64, slices, static_cast<int>(per_split), true}, kNarrowBlockM);
       }
     }
