@@ -124,7 +124,7 @@ def measure(args):
 # The plan model of csrc/kernels/sm90/schedule.cuh (plan_cost), in Python, its constants a dict.
 CONSTANTS = ("kblock_us_256", "kblock_us_192", "kblock_us_128", "kblock_us_64", "job_us", "hbm_bytes_per_us", "split_bytes_per_us",
              "split_launch_us", "cluster_slice_us", "cluster_unshared", "span_kblock_us", "span_b_kblock_us",
-             "span_b_kblock_us_per_64", "tail_kblock_us")
+             "span_b_kblock_us_per_64", "tail_kblock_us", "narrow_slice_us")
 
 
 def tile_counts(shape, block_n, block_m=BLOCK_M):
@@ -159,7 +159,8 @@ def plan_cost(shape, block_n, splits, per_split, in_cluster, p, resident=RESIDEN
         rounds = math.ceil(m_tiles * n_tiles / resident[splits])
         unshared = p["cluster_unshared"] * block_n / 256.0
         job_us += per_split * kb_us * step_fill * unshared
-        return max(rounds * (job_us + p["cluster_slice_us"] * splits), hbm_us)
+        slice_us = p["narrow_slice_us"] if block_m != BLOCK_M else p["cluster_slice_us"]
+        return max(rounds * (job_us + slice_us * splits), hbm_us)
     pair_rows = math.ceil(m_tiles / 2) * n_tiles
     pair_columns = m_tiles * math.ceil(n_tiles / 2)
     copied = shape.get("span_copy")
@@ -311,10 +312,11 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     """The key among `keys` (forced names, "fwd_sm90_gemm/n128/s2") that the plan model picks for
     this product, and the keys the rule could pick at all ((None, []) if none): sm90_gemm_plan's
     rule. choose_plan's cheapest plan of each orientation, the swapped one only if 3% cheaper (the
-    first orientation's unsplit plan giving way to the narrow tiles, NARROW_KEY, or its 64-wide split
-    in the cluster to the narrow tiles of that split where they fit at once, if they are 3% cheaper:
-    choose_plan's last step); with the "span" layout, where H % 64 is not 0, 16 or 32,
-    the cheapest plan along the concatenation
+    first orientation's unsplit plan giving way to the narrow tiles, NARROW_KEY or split in the
+    cluster where their clusters fit at once, and its 64-wide split in the cluster to the narrow
+    tiles split in the cluster by as many slices or more, each if 3% cheaper than the plan so far:
+    choose_plan's last step);
+    with the "span" layout, where H % 64 is not 0, 16 or 32, the cheapest plan along the concatenation
     ("fwd_sm90_gemm/n128/s1/span": each non-token key's span variant is weighed) if 3% cheaper than
     that one with its zero fill charged. grad_weight where H % 64 != 0: its columns along the
     concatenation always (sm90_grad_weight_plan), the cheapest such plan. `resident`: the cluster
@@ -334,17 +336,20 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     if not candidates:
         return None, []
     best = _cheapest(candidates)
-    # choose_plan's last step: the narrow tiles replace an unsplit plan of the first orientation, or
-    # a 64-wide split in the cluster with the same split where their tiles fit at once, if 3% cheaper
+    # choose_plan's last step: the narrow tiles, unsplit or split in the cluster where their tiles fit
+    # at once, replace an unsplit plan of the first orientation; split in the cluster by as many
+    # slices or more, a 64-wide split in the cluster; each in that order if 3% cheaper than the plan so far
     if False in best:
         first = best[False][1]
-        narrow_key = (NARROW_KEY if first.endswith("/s1")
-                      else first + "/m64" if first.startswith(f"{kind}_sm90_gemm/n64/c") else None)
-        narrow = _plans(kind, p, [narrow_key], shapes, first_only, resident) if narrow_key in keys else []
-        if narrow:
-            candidates.append(narrow[0])
-            if narrow[0][0] < 0.97 * best[False][0]:
-                best[False] = narrow[0]
+        narrow_keys = ([NARROW_KEY] if first.endswith("/s1") else [] if first.startswith(f"{kind}_sm90_gemm/n64/c")
+                       else None)
+        if narrow_keys is not None:  # (after a split in the cluster, by as many slices or more)
+            fewest = int(first.split("/")[2][1:])
+            narrow_keys += [f"{kind}_{c}" for c in NARROW_CLUSTER_CONFIGS if int(c.split("/")[2][1:]) >= fewest]
+        for plan in _plans(kind, p, [k for k in narrow_keys or [] if k in keys], shapes, first_only, resident):
+            candidates.append(plan)
+            if plan[0] < 0.97 * best[False][0]:
+                best[False] = plan
     swaps = True in best and (False not in best or best[True][0] < 0.97 * best[False][0])
     chosen, eligible = best[swaps][1], [c[1] for c in candidates]
     if spans:
@@ -391,7 +396,7 @@ def fit(path, kinds, layout="span"):
                 split_launch_us=[1.0, 2.0, 3.0, 4.0, 6.0], cluster_slice_us=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
                 cluster_unshared=[0.0, 0.1, 0.2, 0.3, 0.5], span_kblock_us=[0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6],
                 span_b_kblock_us=[0.15, 0.2, 0.23, 0.3], span_b_kblock_us_per_64=[0.1, 0.13, 0.16, 0.2],
-                tail_kblock_us=[0.0, 0.45, 0.7, 0.9, 1.2])
+                tail_kblock_us=[0.0, 0.45, 0.7, 0.9, 1.2], narrow_slice_us=[0.0, 0.1, 0.2, 0.4, 0.75])
     p = {k: v[len(v) // 2] for k, v in grid.items()}
 
     def score(q):

@@ -531,9 +531,10 @@ def test_the_plan_model_tiles_rows_as_the_kernels_do():
 
 def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
     # choose_plan's last step (mirrored by core_configs.pick): the 64-row tiles replace an unsplit
-    # 128-row plan where the doubled tiles fit one round (run 151: 0.88-0.93x), never a split plan
-    # unsplit (they lost to each split the plan took) nor where they take two rounds; a 64-wide
-    # split in the cluster, split the same way, where their clusters fit at once; and a packed tail
+    # 128-row plan where the doubled tiles fit one round (run 151: 0.88-0.93x), split in the cluster
+    # where their clusters fit at once (run 164: 0.87-0.93x the unsplit narrow tiles), never a split
+    # plan unsplit (they lost to each split the plan took) nor where they take two rounds; a 64-wide
+    # split in the cluster gives way to them split in the cluster; and a packed tail
     # k-block's copy makes several-round plans of the 80-wide heads take n256 (run 157), not a
     # one-round plan's slices
     import core_configs
@@ -545,7 +546,11 @@ def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
         key, _ = core_configs.pick(rec, "fwd", p, core_configs.plan_keys(rec, "fwd"))
         return core_configs.dispatch_name(key)
 
-    assert picked(12, 64, 768, 256) == "sm90_gemm/n64/s1/m64"
+    assert picked(12, 64, 768, 128) == "sm90_gemm/n64/c4/m64"  # 24 clusters of 4
+    assert picked(12, 64, 768, 256) == "sm90_gemm/n64/c2/m64"  # 48 clusters of 2
+    assert picked(12, 64, 768, 333) == "sm90_gemm/n64/s1/m64"  # 72 clusters of 2: not at once
+    assert picked(12, 64, 768, 256, dict(constants, narrow_slice_us=constants["cluster_slice_us"])) == \
+        "sm90_gemm/n64/s1/m64"  # the narrow tiles' sums priced as the 128-row tiles' are
     assert picked(12, 64, 768, 1024) == "sm90_gemm/n64/s1"  # two rounds of narrow tiles
     assert picked(16, 80, 1280, 100) == "sm90_gemm/n64/c2/m64"  # the split's narrow tiles: 40 clusters of 2
     assert picked(2, 1536, 768, 128) == "sm90_gemm/n64/c4/m64"  # 24 clusters of 4

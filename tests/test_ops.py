@@ -424,11 +424,11 @@ import threading, torch, vga_linear
 torch.manual_seed(0)
 # R, rows, H, K and the forward each reaches (checked after the threads): a core plan that splits in clusters, a
 # decode split (sm90_skinny's 16-row kernels), packed 80-wide tails, a swapped width, the narrow tiles (m64),
-# sm90_skinny's 64-row kernels, the narrow tiles split in the cluster
-SHAPES = [(32, 256, 128, 4096), (32, 16, 128, 4096), (16, 333, 80, 1280), (32, 333, 128, 4096), (12, 256, 64, 768),
-          (8, 64, 1024, 2048), (16, 100, 80, 1280)]
+# sm90_skinny's 64-row kernels, the narrow tiles split in the cluster (2 and 4)
+SHAPES = [(32, 256, 128, 4096), (32, 16, 128, 4096), (16, 333, 80, 1280), (32, 333, 128, 4096), (12, 333, 64, 768),
+          (8, 64, 1024, 2048), (16, 100, 80, 1280), (12, 128, 64, 768)]
 REACHES = ["sm90_gemm/n128/c2", "sm90_skinny", "sm90_gemm/n64/c2", "sm90_gemm/n96", "sm90_gemm/n64/s1/m64",
-           "sm90_skinny", "sm90_gemm/n64/c2/m64"]
+           "sm90_skinny", "sm90_gemm/n64/c2/m64", "sm90_gemm/n64/c4/m64"]
 inputs = [(torch.randn(R, B, H, device="cuda", dtype=torch.bfloat16),
            torch.randn(K, R * H, device="cuda", dtype=torch.bfloat16) / (R * H) ** 0.5,
            torch.randn(B, K, device="cuda", dtype=torch.bfloat16)) for R, B, H, K in SHAPES]

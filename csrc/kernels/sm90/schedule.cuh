@@ -307,8 +307,12 @@ struct PlanConstants {
   double span_b_kblock_us;        // the least a grad_weight k-block with its columns along the concatenation takes:
   double span_b_kblock_us_per_64; // this plus this per 64 columns of the tile (B's cp.async copy, 8 KB each)
   double tail_kblock_us;          // the least a packed tail k-block of 16-column tails takes (its copy)
+  double narrow_slice_us;         // cluster_slice_us of the narrow tiles (each CTA sums 64 / S rows)
 };
-constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75, 0.2, 0.4, 0.23, 0.16, 0.9};
+// narrow_slice_us: run 164 (H100, forced configurations at 100-333 rows, results/run164-h100-core-configs.jsonl)
+// puts R=12 H=64 K=768's 12 k-blocks unsplit, c2 and c4 at 8.4, 7.6 and 7.4 µs: ~0.15 µs a narrow
+// k-block and ~0.1 a slice, where the 128-row tiles' slices cost 0.75 (NOTES, "Runs 162-164").
+constexpr PlanConstants kPlanConstants{0.6, 0.45, 0.3, 0.2, 2.0, 4.0e6, 1.5e6, 3.0, 0.75, 0.2, 0.4, 0.23, 0.16, 0.9, 0.1};
 
 // A k-block's time at a tile width: the fitted widths' constants, linear in between (the token
 // widths: 96 and 112 between 64 and 128, 176 between 128 and 192, 240 between 192 and 256).
@@ -353,7 +357,8 @@ inline double plan_cost(const CoreShape& s, const CorePlan& plan, const Resident
     const int64_t rounds = ceil_div(m_tiles * n_tiles, std::max(1, resident.of(plan.splits)));
     const double unshared = k.cluster_unshared * plan.block_n / 256.0;
     const double cluster_job_us = job_us + plan.kblocks_per_split * kblock_us * step_fill * unshared;
-    return std::max(static_cast<double>(rounds) * (cluster_job_us + k.cluster_slice_us * plan.splits), hbm_us);
+    const double slice_us = plan.block_m == kNarrowBlockM ? k.narrow_slice_us : k.cluster_slice_us;
+    return std::max(static_cast<double>(rounds) * (cluster_job_us + slice_us * plan.splits), hbm_us);
   }
   const int64_t jobs =
       cluster_tiles(m_tiles, n_tiles, pair_columns(m_tiles, n_tiles, plan.block_n, s.span_copy)) * plan.splits;
@@ -444,15 +449,25 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // R=16 H=80 K=1280 at 100-333 rows 1.06-1.07x its n64/c2, R=32 H=96 K=3072 at 100-128 rows 1.25x
   // its n64/c2) while they won 7-12% over unsplit n64 (R=12 H=64 K=768 and R=3 H=256 K=1000 at
   // 100-512 rows, R=8 H=80 K=2048 at 100-256) and lost where their twice the tiles take two rounds.
-  // A 64-wide split in the cluster likewise weighs its narrow tiles with the same split, where their
-  // twice the clusters still fit at once (the rule's one round): each CTA's k-blocks copy 2/3 of the
-  // bytes and it sums 64 / S rows instead of 128 / S.
+  // The narrow tiles split in the cluster are weighed after them (an unsplit plan) or alone (a
+  // 64-wide split in the cluster, by as many slices or more), each split where its clusters fit at
+  // once (the rule's one round): a CTA's k-blocks copy 2/3 of the bytes and it sums 64 / S rows,
+  // which cost far less than the 128-row tiles' sums (narrow_slice_us). Run 165 (H100, layers no
+  // issue names, 100-333 rows): after unsplit narrow tiles c2 / c4 of them ran 0.83-0.99x, after
+  // n64/c2 c4 of them 0.93-0.95x; in place of n64/c4, c2 of them (twice the k-blocks a CTA) ran
+  // 1.03-1.18x where the model had them cheaper, so fewer slices are not weighed.
   const bool plan_free = forced.block_n == 0 && forced.splits <= 1 && forced.cluster_splits == 0 && forced.block_m == 0;
-  if (plan_free && s.narrow_tiles && best.splits == 1) {
-    consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
-  } else if (plan_free && s.narrow_tiles && best.in_cluster && best.block_n == 64 &&
-             s.m_tiles(kNarrowBlockM) * s.n_tiles(64) <= resident.of(best.splits)) {
-    consider_tiles({64, best.splits, best.kblocks_per_split, true}, kNarrowBlockM);
+  const bool after_unsplit = best.splits == 1;
+  if (plan_free && s.narrow_tiles && (after_unsplit || (best.in_cluster && best.block_n == 64))) {
+    const int fewest_slices = best.splits;
+    if (after_unsplit) consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
+    const int64_t narrow_tiles = s.m_tiles(kNarrowBlockM) * s.n_tiles(64);
+    for (int slices : kClusterSplits) {
+      const int64_t per_split = ceil_div(kblocks, slices);
+      if (slices >= fewest_slices && per_split * (slices - 1) < kblocks && narrow_tiles <= resident.of(slices)) {
+        consider_tiles({64, slices, static_cast<int>(per_split), true}, kNarrowBlockM);
+      }
+    }
   }
   return best;
 }
