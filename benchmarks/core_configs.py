@@ -29,8 +29,8 @@ import metrics as M
 
 LAYERS = [(32, 128, 4096), (40, 128, 5120), (64, 128, 8192), (8, 1024, 8192), (4, 2048, 8192), (8, 512, 4096),
           (12, 64, 768), (16, 80, 1280), (3, 256, 1000), (2, 1536, 768), (32, 96, 3072)]
-# The forward's narrow tiles (64 rows, 64 wide), weighed unsplit against an unsplit plan, and split
-# in the cluster against the 64-wide plan of the same split.
+# The forward's narrow tiles (64 rows, 64 wide): after an unsplit plan, weighed unsplit, then split
+# in the cluster by 2, 4, 8; after a 64-wide split in the cluster by S, split in the cluster by S or more.
 NARROW_CONFIG = "sm90_gemm/n64/s1/m64"
 NARROW_KEY = "fwd_" + NARROW_CONFIG
 NARROW_CLUSTER_CONFIGS = [f"sm90_gemm/n64/c{slices}/m64" for slices in (2, 4, 8)]

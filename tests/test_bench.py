@@ -532,9 +532,10 @@ def test_the_plan_model_tiles_rows_as_the_kernels_do():
 def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
     # choose_plan's last step (mirrored by core_configs.pick): the 64-row tiles replace an unsplit
     # 128-row plan where the doubled tiles fit one round (run 151: 0.88-0.93x), split in the cluster
-    # where their clusters fit at once (run 164: 0.87-0.93x the unsplit narrow tiles), never a split
+    # where their clusters fit at once (run 165: 0.83-0.99x the unsplit narrow tiles), never a split
     # plan unsplit (they lost to each split the plan took) nor where they take two rounds; a 64-wide
-    # split in the cluster gives way to them split in the cluster; and a packed tail
+    # split in the cluster gives way to them split in the cluster by as many slices or more (run 165:
+    # fewer slices, c2 of them for n64/c4, ran 1.03-1.18x); and a packed tail
     # k-block's copy makes several-round plans of the 80-wide heads take n256 (run 157), not a
     # one-round plan's slices
     import core_configs
@@ -554,6 +555,8 @@ def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
     assert picked(12, 64, 768, 1024) == "sm90_gemm/n64/s1"  # two rounds of narrow tiles
     assert picked(16, 80, 1280, 100) == "sm90_gemm/n64/c2/m64"  # the split's narrow tiles: 40 clusters of 2
     assert picked(2, 1536, 768, 128) == "sm90_gemm/n64/c4/m64"  # 24 clusters of 4
+    assert picked(2, 1536, 768, 192) == "sm90_gemm/n64/c4"  # 36 clusters of 4 do not fit; c2 of them not weighed
+    assert picked(64, 96, 1000, 100) == "sm90_gemm/n64/c4"
     assert picked(16, 80, 1280, 256) == "sm90_gemm/n64/c2"  # 80 clusters of narrow tiles: not at once
     assert picked(16, 80, 1280, 8192) == "sm90_gemm/n256/s1"
     assert picked(16, 80, 1280, 8192, dict(constants, tail_kblock_us=0.0)) == "sm90_gemm/n128/s1"

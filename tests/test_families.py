@@ -207,6 +207,11 @@ def test_choice_of_a_forced_configuration_resolves_it():
     assert choice(x, w, b, "sm90_gemm/n128/s5") == "sm90_gemm/n128/s5"
     assert choice(x, w, b, "sm90_gemm/n128/s6") == "sm90_gemm/n128/s5"
     assert choice(x, w, b, "sm90_gemm/n64/c4") == "sm90_gemm/n64/c4"
+    # a forced s1 stays unsplit: the narrow tiles may replace it, but not split in the cluster
+    # (R=12 H=64 K=768 at 128 rows, which the rule runs as n64/c4/m64)
+    x12, (w12, b12) = make_x(12, (128,), 64, torch.bfloat16, "cuda"), make_params(12, 64, 768, torch.bfloat16, "cuda")
+    assert choice(x12, w12, b12) == "sm90_gemm/n64/c4/m64"
+    assert choice(x12, w12, b12, "sm90_gemm/s1") == "sm90_gemm/n64/s1/m64"
     assert choice(x, w, b, "sm90_gemm/n176") == "sm90_gemm/n176"
     assert choice(x, w, b, "generic") == "generic"
     with pytest.raises(RuntimeError, match="refuses this input"):

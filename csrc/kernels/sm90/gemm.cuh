@@ -20,7 +20,7 @@
 // rows, K or R*H <= ~1500, as cuBLAS picks its 128 x 64 tiles there; and the forward's 64 x 64 tiles,
 // kTileM = kNarrowBlockM, one consumer warpgroup, where even those leave most SMs idle: twice the
 // CTAs, each copying 16 instead of 24 KB a k-block, as such calls are bound by each SM's L2 -> SM
-// traffic; unsplit, or split in the cluster where twice the split's clusters still fit at once),
+// traffic; unsplit, or split in the cluster where their clusters fit at once),
 // k-blocks of 64 elements (one
 // 128-byte swizzle row; a group's last k-block runs only the k steps that hold data; the forward
 // packs shards' 16- or 32-column tails 4 or 2 to a k-block, as a stage costs what it copies, zero

@@ -284,7 +284,7 @@ inline bool pair_columns(int64_t m_tiles, int64_t n_tiles, int block_n, SpanCopy
 //    streams overlap the MMAs);
 //  * a split across the grid adds its fp32 partial sums' traffic (written and read once) and the
 //    reducing launch;
-//  * a split in the cluster adds the DSMEM sum per slice, and its CTAs share no operand (a
+//  * a split in the cluster adds the DSMEM sum per slice (narrow_slice_us for the 64-row tiles), and its CTAs share no operand (a
 //    cluster tile is one output tile, in one round only: its grid is not persistent; the driver
 //    fits 66 pairs, 30 clusters of 4 and 15 of 8 on an H200, fewer than 132 / S): each CTA copies
 //    both operand tiles whole, so its k-blocks cost more than a pair's by a part that grows with
@@ -451,20 +451,21 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
   // 100-512 rows, R=8 H=80 K=2048 at 100-256) and lost where their twice the tiles take two rounds.
   // The narrow tiles split in the cluster are weighed after them (an unsplit plan) or alone (a
   // 64-wide split in the cluster, by as many slices or more), each split where its clusters fit at
-  // once (the rule's one round): a CTA's k-blocks copy 2/3 of the bytes and it sums 64 / S rows,
-  // which cost far less than the 128-row tiles' sums (narrow_slice_us). Run 165 (H100, layers no
-  // issue names, 100-333 rows): after unsplit narrow tiles c2 / c4 of them ran 0.83-0.99x, after
-  // n64/c2 c4 of them 0.93-0.95x; in place of n64/c4, c2 of them (twice the k-blocks a CTA) ran
-  // 1.03-1.18x where the model had them cheaper, so fewer slices are not weighed.
+  // once (the rule's one round), unless s1 is forced: a CTA's k-blocks copy 2/3 of the bytes and it
+  // sums 64 / S rows, which cost far less than the 128-row tiles' sums (narrow_slice_us). Run 165
+  // (H100, 12 layers at 100-333 rows): c2 / c4 of them in place of the unsplit narrow tiles ran
+  // 0.83-0.99x, c4 of them in place of c2 of them 0.93-0.95x; c2 of them in place of n64/c4 (twice
+  // the k-blocks a CTA) 1.03-1.18x where the model had them cheaper, so fewer slices are not weighed.
   const bool plan_free = forced.block_n == 0 && forced.splits <= 1 && forced.cluster_splits == 0 && forced.block_m == 0;
   const bool after_unsplit = best.splits == 1;
   if (plan_free && s.narrow_tiles && (after_unsplit || (best.in_cluster && best.block_n == 64))) {
     const int fewest_slices = best.splits;
     if (after_unsplit) consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
-    const int64_t narrow_tiles = s.m_tiles(kNarrowBlockM) * s.n_tiles(64);
+    const int64_t narrow_tile_count = s.m_tiles(kNarrowBlockM) * s.n_tiles(64);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(kblocks, slices);
-      if (slices >= fewest_slices && per_split * (slices - 1) < kblocks && narrow_tiles <= resident.of(slices)) {
+      if (forced.splits == 0 && slices >= fewest_slices && per_split * (slices - 1) < kblocks &&
+          narrow_tile_count <= resident.of(slices)) {
         consider_tiles({64, slices, static_cast<int>(per_split), true}, kNarrowBlockM);
       }
     }
