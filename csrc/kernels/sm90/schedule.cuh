@@ -410,6 +410,11 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
     }
   };
   auto consider = [&](const CorePlan& plan) { consider_tiles(plan, block_m); };
+  // The rule's split in the cluster: every CTA of the cluster gets a slice, and all of `tiles`'
+  // clusters fit at once (one round: plan_cost's note).
+  auto one_round_in_cluster = [&](int64_t tiles, int slices) {
+    return ceil_div(kblocks, slices) * (slices - 1) < kblocks && tiles <= resident.of(slices);
+  };
   for (size_t w = 0; w < width_count; ++w) {
     const int block_n = widths[w];
     if ((forced.block_n != 0 && block_n != forced.block_n) || (narrow && block_n != 64)) continue;
@@ -431,15 +436,14 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
     const int64_t tiles = s.m_tiles(block_m) * s.n_tiles(block_n);
     for (int slices : kClusterSplits) {
       const int64_t per_split = ceil_div(kblocks, slices);
-      // The rule gives every CTA of the cluster a slice, in one round (plan_cost's note); forced, the
-      // last slices may sum zero tiles and the clusters may take several rounds. grad_weight's
+      // The rule's splits take one round (one_round_in_cluster); forced, the last slices may sum
+      // zero tiles and the clusters may take several rounds. grad_weight's
       // columns along the concatenation take no in-cluster split by the rule: run 89 timed the
       // ones the model picked 1.1-1.7x the unsplit plans at 1024 rows (a slice's few k-blocks
       // cannot hide its cp.async copies) and no faster than them (within 7%) at 4096-8192.
       const bool skip = block_n > kWidestClusterSplit ||
                         (forced.cluster_splits != 0 ? forced.cluster_splits != slices
-                                                    : per_split * (slices - 1) >= kblocks || tiles > resident.of(slices) ||
-                                                          s.span_copy == SpanCopy::kB);
+                                                    : !one_round_in_cluster(tiles, slices) || s.span_copy == SpanCopy::kB);
       if (!skip) consider({block_n, slices, static_cast<int>(per_split), true});
     }
   }
@@ -463,10 +467,8 @@ inline CorePlan choose_plan(const CoreShape& s, const ResidentClusters& resident
     if (after_unsplit) consider_tiles({64, 1, static_cast<int>(kblocks), false}, kNarrowBlockM);
     const int64_t narrow_tile_count = s.m_tiles(kNarrowBlockM) * s.n_tiles(64);
     for (int slices : kClusterSplits) {
-      const int64_t per_split = ceil_div(kblocks, slices);
-      if (forced.splits == 0 && slices >= fewest_slices && per_split * (slices - 1) < kblocks &&
-          narrow_tile_count <= resident.of(slices)) {
-        consider_tiles({64, slices, static_cast<int>(per_split), true}, kNarrowBlockM);
+      if (forced.splits == 0 && slices >= fewest_slices && one_round_in_cluster(narrow_tile_count, slices)) {
+        consider_tiles({64, slices, static_cast<int>(ceil_div(kblocks, slices)), true}, kNarrowBlockM);
       }
     }
   }
