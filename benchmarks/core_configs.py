@@ -33,7 +33,8 @@ LAYERS = [(32, 128, 4096), (40, 128, 5120), (64, 128, 8192), (8, 1024, 8192), (4
 # in the cluster by 2, 4, 8; after a 64-wide split in the cluster by S, split in the cluster by S or more.
 NARROW_CONFIG = "sm90_gemm/n64/s1/m64"
 NARROW_KEY = "fwd_" + NARROW_CONFIG
-NARROW_CLUSTER_CONFIGS = [f"sm90_gemm/n64/c{slices}/m64" for slices in (2, 4, 8)]
+NARROW_CLUSTER_SLICES = (2, 4, 8)
+NARROW_CLUSTER_CONFIGS = [f"sm90_gemm/n64/c{slices}/m64" for slices in NARROW_CLUSTER_SLICES]
 # s<count>: a split across the grid (workspace + a second launch); c<count>: in the cluster (DSMEM sum).
 # (the in-cluster splits the rule can take at few tiles are all here: run 94's largest regret was the
 # rule's n192/c4, which the list then lacked)
@@ -339,14 +340,13 @@ def pick(rec, kind, p, keys, skips_fill=True, layout="span", resident=RESIDENT):
     # choose_plan's last step: the narrow tiles, unsplit or split in the cluster where their tiles fit
     # at once, replace an unsplit plan of the first orientation; split in the cluster by as many
     # slices or more, a 64-wide split in the cluster; each in that order if 3% cheaper than the plan so far
-    if False in best:
-        first = best[False][1]
-        narrow_keys = ([NARROW_KEY] if first.endswith("/s1") else [] if first.startswith(f"{kind}_sm90_gemm/n64/c")
-                       else None)
-        if narrow_keys is not None:  # (after a split in the cluster, by as many slices or more)
-            fewest = int(first.split("/")[2][1:])
-            narrow_keys += [f"{kind}_{c}" for c in NARROW_CLUSTER_CONFIGS if int(c.split("/")[2][1:]) >= fewest]
-        for plan in _plans(kind, p, [k for k in narrow_keys or [] if k in keys], shapes, first_only, resident):
+    width, split = best[False][1].split("/")[1:3] if False in best else ("", "")
+    after_unsplit = split == "s1"
+    if after_unsplit or (width == "n64" and split.startswith("c")):
+        fewest = int(split[1:])
+        narrow_keys = [NARROW_KEY] * after_unsplit + [
+            f"{kind}_{c}" for slices, c in zip(NARROW_CLUSTER_SLICES, NARROW_CLUSTER_CONFIGS) if slices >= fewest]
+        for plan in _plans(kind, p, [k for k in narrow_keys if k in keys], shapes, first_only, resident):
             candidates.append(plan)
             if plan[0] < 0.97 * best[False][0]:
                 best[False] = plan

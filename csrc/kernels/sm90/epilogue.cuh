@@ -226,10 +226,10 @@ __device__ __forceinline__ void store_tile_transposed(const float (&acc)[kBlockN
 
 // Writes a consumer warpgroup's kConsumerRows x kBlockN accumulators (zeros unless `accumulated`)
 // into its rows of the partial tile, from kConsumerRows * consumer.
-template <int kBlockN, int kTileM>
+template <int kBlockN>
 __device__ __forceinline__ void stage_partial_tile(const float (&acc)[kBlockN / 2], bool accumulated, float* partial,
                                                    int consumer, int thread_in_wg) {
-  constexpr int kLd = PartialTile<kBlockN, kTileM>::kLd;
+  constexpr int kLd = PartialTile<kBlockN>::kLd;  // (the width's pitch, whatever the tile's rows)
   const int warp = thread_in_wg / 32;
   const int lane = thread_in_wg % 32;
   const int row = consumer * kConsumerRows + warp * 16 + lane / 4;

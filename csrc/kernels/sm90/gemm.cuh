@@ -764,7 +764,7 @@ __global__ void __launch_bounds__(kThreadsOf<kTileM>, 1)
         cluster_arrive_relaxed();
         // (a forced split may leave a slice without k-blocks: its partial tile is zeros)
         float* partial = reinterpret_cast<float*>(shared);
-        stage_partial_tile<kBlockN, kTileM>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
+        stage_partial_tile<kBlockN>(acc, c.kb_begin < c.kb_end, partial, consumer, thread_in_wg);
         fence_proxy_async_shared();  // the bulk copies (the async proxy) read what these stores wrote
         named_barrier_sync(3, 128 * kConsumers);
         cluster_wait();  // every CTA's ring is free
@@ -817,21 +817,20 @@ int max_active_clusters_of_every_width(int cluster_size, int device) {
                      max_active_clusters<kKind, Element, 176, false>(cluster_size, device),
                      max_active_clusters<kKind, Element, 112, false>(cluster_size, device),
                      max_active_clusters<kKind, Element, 96, false>(cluster_size, device)});
-  } else if constexpr (kInCluster) {  // (n64-n192: kWidestClusterSplit)
-    const int clusters = std::min({max_active_clusters<kKind, Element, 192, true>(cluster_size, device),
-                                   max_active_clusters<kKind, Element, 128, true>(cluster_size, device),
-                                   max_active_clusters<kKind, Element, 64, true>(cluster_size, device)});
-    if constexpr (kKind == GemmKind::kForward) {  // and its narrow tiles
-      return std::min(clusters, max_active_clusters<kKind, Element, 64, true, kNarrowBlockM>(cluster_size, device));
-    }
-    return clusters;
   } else {
-    const int clusters = std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size, device),
-                                   max_active_clusters<kKind, Element, 192, false>(cluster_size, device),
-                                   max_active_clusters<kKind, Element, 128, false>(cluster_size, device),
-                                   max_active_clusters<kKind, Element, 64, false>(cluster_size, device)});
-    if constexpr (kKind == GemmKind::kForward) {  // and its narrow tiles
-      return std::min(clusters, max_active_clusters<kKind, Element, 64, false, kNarrowBlockM>(cluster_size, device));
+    int clusters = 0;
+    if constexpr (kInCluster) {  // (n64-n192: kWidestClusterSplit)
+      clusters = std::min({max_active_clusters<kKind, Element, 192, true>(cluster_size, device),
+                           max_active_clusters<kKind, Element, 128, true>(cluster_size, device),
+                           max_active_clusters<kKind, Element, 64, true>(cluster_size, device)});
+    } else {
+      clusters = std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size, device),
+                           max_active_clusters<kKind, Element, 192, false>(cluster_size, device),
+                           max_active_clusters<kKind, Element, 128, false>(cluster_size, device),
+                           max_active_clusters<kKind, Element, 64, false>(cluster_size, device)});
+    }
+    if constexpr (kKind == GemmKind::kForward) {  // and its narrow tiles, paired or split in the cluster alike
+      clusters = std::min(clusters, max_active_clusters<kKind, Element, 64, kInCluster, kNarrowBlockM>(cluster_size, device));
     }
     return clusters;
   }
