@@ -78,11 +78,11 @@ for name in "${steps[@]}"; do
     sanitize)
       # memcheck: the core's configuration kinds (plain, in-cluster split, grid split, copies along
       # the concatenation, the swapped forward at 176 and at its narrowest, 96 tokens, the forward's
-      # 64-row tiles, unsplit and split across the grid and in the cluster) and tf32x3;
+      # 64-row tiles, unsplit and split across the grid and in the cluster by 4 and 8) and tf32x3;
       # racecheck (~100x slower): one of each synchronisation pattern.
       run_step sanitize 300 "${sanitizer[@]}" memcheck "$py" tools/sanitizer_workload.py sm90_gemm \
         sm90_gemm/n128/span sm90_gemm/n64/c4/span sm90_gemm/n256/s2/span sm90_gemm/n176 sm90_gemm/n96 \
-        sm90_gemm/m64 sm90_gemm/n64/s3/m64 sm90_gemm/n64/c4/m64 sm90_tf32x3
+        sm90_gemm/m64 sm90_gemm/n64/s3/m64 sm90_gemm/n64/c4/m64 sm90_gemm/n64/c8/m64 sm90_tf32x3
       run_step sanitize 300 "${sanitizer[@]}" racecheck "$py" tools/sanitizer_workload.py --quick \
         sm90_gemm/n64/s1 sm90_gemm/n128/c2 sm90_gemm/n128/span sm90_gemm/m64 sm90_gemm/n64/c2/m64 sm90_tf32x3 ;;
     suites)
