@@ -242,16 +242,23 @@ def plan_keys(rec, kind):
     spell them ("fwd_sm90_gemm/n128/s2"), in its order: per width 256, 192, 128, 64 the grid
     splits it enumerates (fewest first, until a slice is shorter than 4 k-blocks), then the cluster
     splits 2, 4, 8; the forward's token widths unsplit; its narrow tiles (NARROW_KEY, and split in
-    the cluster)."""
-    total = kblocks(core_shape(rec, kind))
+    the cluster). Where the forward may run along the concatenation (H % 64 not 0, 16 or 32), the
+    grid splits are those of both layouts: pick weighs each key in the shards' layout and, as its
+    "/span" variant, along the concatenation, whose k-block counts differ (R * ceil(H / 64)
+    against ceil(R * H / 64))."""
+    layouts = ("packed", "span") if kind == "fwd" else ("span",)
+    totals = sorted({kblocks(core_shape(rec, kind, layout=layout)) for layout in layouts})
     keys = []
     for block_n in (256, 192, 128, 64):
-        for splits in range(1, 65):
-            per_split = math.ceil(total / splits)
-            if per_split < 4 and splits > 1:
-                break
-            if math.ceil(total / per_split) == splits:
-                keys.append(f"{kind}_sm90_gemm/n{block_n}/s{splits}")
+        grid_splits = set()
+        for total in totals:
+            for splits in range(1, 65):
+                per_split = math.ceil(total / splits)
+                if per_split < 4 and splits > 1:
+                    break
+                if math.ceil(total / per_split) == splits:
+                    grid_splits.add(splits)
+        keys += [f"{kind}_sm90_gemm/n{block_n}/s{splits}" for splits in sorted(grid_splits)]
         keys += [f"{kind}_sm90_gemm/n{block_n}/c{slices}" for slices in (2, 4, 8)]
     if kind == "fwd":
         keys += ([f"{kind}_sm90_gemm/n{block_n}/s1" for block_n in TOKEN_WIDTHS] + [NARROW_KEY]

@@ -564,6 +564,20 @@ def test_the_plan_model_weighs_the_narrow_tiles_and_the_packed_tails():
     assert picked(20, 64, 1280, 8192) == "sm90_gemm/n128/s1"  # no tails
 
 
+def test_plan_keys_name_the_grid_splits_of_both_forward_layouts():
+    # where the forward may run along the concatenation (H % 64 not 0, 16 or 32), choose_plan
+    # enumerates grid splits on each layout's own k-blocks: R=40, H=112 has 80 of them a shard
+    # (40 x 2, 4 a slice: s20) and 70 along the concatenation (4 a slice: s18)
+    import core_configs
+
+    def grid_splits(R, H, K):
+        keys = core_configs.plan_keys(dict(R=R, H=H, K=K, rows=512), "fwd")
+        return [int(k.rsplit("/s", 1)[1]) for k in keys if k.startswith("fwd_sm90_gemm/n128/s")]
+
+    assert grid_splits(40, 112, 4480)[-3:] == [16, 18, 20]
+    assert grid_splits(32, 128, 4096)[-3:] == [11, 13, 16]  # one layout: 64 k-blocks
+
+
 def test_plan_constants_match_the_fitted_model():
     # schedule.cuh's kPlanConstants, run through core_configs.py's mirror of plan_cost, still pick
     # near the fastest forced configuration of the sweep they were fitted to (run 29), of one they
