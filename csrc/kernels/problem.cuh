@@ -6,7 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace vga {
 
@@ -40,10 +43,22 @@ struct WorkspaceRequest {
 
 // The GEMM core's tile widths (its kBlockN): the paired and split kernels' widths, and the swapped
 // forward's token widths (sm90/schedule.cuh says what each is for), widest first, the order the
-// plan weighs them in. The one list the config parser, the plan, the kernels' static_assert and
-// their messages take the widths from (each width also needs its kernel instantiations).
+// plan weighs them in. The one list the config parser, the plan, the kernels' static_assert, their
+// messages, the launch and the occupancy query take the widths from (for_each_width instantiates
+// a list's kernels).
 constexpr int kCoreWidths[] = {256, 192, 128, 64};
 constexpr int kTokenWidths[] = {240, 176, 112, 96};
+
+// Calls f(std::integral_constant<int, W>{}) for each width W of kWidths, in the list's order: a
+// width as a compile-time constant, for the kernels' template argument.
+template <const auto& kWidths, typename F, size_t... kIndex>
+void for_each_width(F&& f, std::index_sequence<kIndex...>) {
+  (f(std::integral_constant<int, kWidths[kIndex]>{}), ...);
+}
+template <const auto& kWidths, typename F>
+void for_each_width(F&& f) {
+  for_each_width<kWidths>(f, std::make_index_sequence<std::size(kWidths)>{});
+}
 
 template <size_t kCount>
 constexpr bool lists_width(const int (&widths)[kCount], int block_n) {

@@ -49,6 +49,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "../element_types.cuh"
@@ -810,30 +811,28 @@ int max_active_clusters(int cluster_size, int device) {
   return clusters;
 }
 
+// The fewest clusters of `cluster_size` that fit at once among this kind's kernels of every width
+// (the plan counts one number a size): the token widths' for the swapped forward, else the core
+// widths' (those up to kWidestClusterSplit where the kernel splits in the cluster) and the
+// forward's narrow tiles', paired or split in the cluster alike.
 template <GemmKind kKind, typename Element, bool kInCluster>
 int max_active_clusters_of_every_width(int cluster_size, int device) {
-  if constexpr (kKind == GemmKind::kForwardSwapped) {
-    return std::min({max_active_clusters<kKind, Element, 240, false>(cluster_size, device),
-                     max_active_clusters<kKind, Element, 176, false>(cluster_size, device),
-                     max_active_clusters<kKind, Element, 112, false>(cluster_size, device),
-                     max_active_clusters<kKind, Element, 96, false>(cluster_size, device)});
-  } else {
-    int clusters = 0;
-    if constexpr (kInCluster) {  // (n64-n192: kWidestClusterSplit)
-      clusters = std::min({max_active_clusters<kKind, Element, 192, true>(cluster_size, device),
-                           max_active_clusters<kKind, Element, 128, true>(cluster_size, device),
-                           max_active_clusters<kKind, Element, 64, true>(cluster_size, device)});
-    } else {
-      clusters = std::min({max_active_clusters<kKind, Element, 256, false>(cluster_size, device),
-                           max_active_clusters<kKind, Element, 192, false>(cluster_size, device),
-                           max_active_clusters<kKind, Element, 128, false>(cluster_size, device),
-                           max_active_clusters<kKind, Element, 64, false>(cluster_size, device)});
+  int clusters = std::numeric_limits<int>::max();
+  auto fewest = [&](auto width) {
+    constexpr int kBlockN = decltype(width)::value;
+    if constexpr (!kInCluster || kBlockN <= kWidestClusterSplit) {
+      clusters = std::min(clusters, max_active_clusters<kKind, Element, kBlockN, kInCluster>(cluster_size, device));
     }
-    if constexpr (kKind == GemmKind::kForward) {  // and its narrow tiles, paired or split in the cluster alike
+  };
+  if constexpr (kKind == GemmKind::kForwardSwapped) {
+    for_each_width<kTokenWidths>(fewest);
+  } else {
+    for_each_width<kCoreWidths>(fewest);
+    if constexpr (kKind == GemmKind::kForward) {
       clusters = std::min(clusters, max_active_clusters<kKind, Element, 64, kInCluster, kNarrowBlockM>(cluster_size, device));
     }
-    return clusters;
   }
+  return clusters;
 }
 
 // The clusters of each size that fit at once (the persistent grid's size, the plan's rounds), and
@@ -1006,38 +1005,48 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   const TailMaps tails = shape.tail_kblocks > 0 ? tail_maps_for(plan.block_n) : TailMaps{};
   // A split in the cluster walks one tile a cluster (its partial tile takes the ring's memory).
   const int clusters = plan.in_cluster ? args.num_cluster_tiles : std::min(args.num_cluster_tiles, resident.pairs);
+  auto launch_width = [&](auto width, auto in_cluster, auto tile_m) {
+    launch_core_kernel<kKind, Element, decltype(width)::value, decltype(in_cluster)::value, decltype(tile_m)::value>(
+        a_map, b_map, tails, args, clusters, device_index, stream);
+  };
+  using Paired = std::false_type;
+  using InCluster = std::true_type;
+  using WholeTile = std::integral_constant<int, kBlockM>;
   if constexpr (kKind == GemmKind::kForwardSwapped) {
     STD_TORCH_CHECK(plan.splits == 1 && !plan.in_cluster, "vga sm90_gemm: the swapped forward takes no split");
-    if (plan.block_n == 240) {
-      launch_core_kernel<kKind, Element, 240, false>(a_map, b_map, tails, args, clusters, device_index, stream);
-    } else if (plan.block_n == 176) {
-      launch_core_kernel<kKind, Element, 176, false>(a_map, b_map, tails, args, clusters, device_index, stream);
-    } else if (plan.block_n == 112) {
-      launch_core_kernel<kKind, Element, 112, false>(a_map, b_map, tails, args, clusters, device_index, stream);
-    } else {
-      STD_TORCH_CHECK(plan.block_n == 96, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
-      launch_core_kernel<kKind, Element, 96, false>(a_map, b_map, tails, args, clusters, device_index, stream);
-    }
+    bool launched = false;
+    for_each_width<kTokenWidths>([&](auto width) {
+      if (plan.block_n != decltype(width)::value) return;
+      launch_width(width, Paired{}, WholeTile{});
+      launched = true;
+    });
+    STD_TORCH_CHECK(launched, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
   } else if (plan.block_m == kNarrowBlockM) {
     STD_TORCH_CHECK(kKind == GemmKind::kForward && plan.block_n == 64 && !args.span_shards,
                     "vga sm90_gemm: the 64-row tiles are the forward's, 64 wide, a shard at a time");
     if constexpr (kKind == GemmKind::kForward) {
-      (plan.in_cluster ? launch_core_kernel<kKind, Element, 64, true, kNarrowBlockM>
-                       : launch_core_kernel<kKind, Element, 64, false, kNarrowBlockM>)(a_map, b_map, tails, args,
-                                                                                       clusters, device_index, stream);
+      using Width64 = std::integral_constant<int, 64>;
+      using Narrow = std::integral_constant<int, kNarrowBlockM>;
+      if (plan.in_cluster) {
+        launch_width(Width64{}, InCluster{}, Narrow{});
+      } else {
+        launch_width(Width64{}, Paired{}, Narrow{});
+      }
     }
-  } else if (plan.block_n == 256) {
-    STD_TORCH_CHECK(!plan.in_cluster, "vga sm90_gemm: no in-cluster kernel of width 256");
-    launch_core_kernel<kKind, Element, 256, false>(a_map, b_map, tails, args, clusters, device_index, stream);
-  } else if (plan.block_n == 192) {
-    (plan.in_cluster ? launch_core_kernel<kKind, Element, 192, true> : launch_core_kernel<kKind, Element, 192, false>)(
-        a_map, b_map, tails, args, clusters, device_index, stream);
-  } else if (plan.block_n == 128) {
-    (plan.in_cluster ? launch_core_kernel<kKind, Element, 128, true> : launch_core_kernel<kKind, Element, 128, false>)(
-        a_map, b_map, tails, args, clusters, device_index, stream);
   } else {
-    (plan.in_cluster ? launch_core_kernel<kKind, Element, 64, true> : launch_core_kernel<kKind, Element, 64, false>)(
-        a_map, b_map, tails, args, clusters, device_index, stream);
+    bool launched = false;
+    for_each_width<kCoreWidths>([&](auto width) {
+      constexpr int kBlockN = decltype(width)::value;
+      if (plan.block_n != kBlockN) return;
+      launched = true;
+      if constexpr (kBlockN <= kWidestClusterSplit) {
+        if (plan.in_cluster) return launch_width(width, InCluster{}, WholeTile{});
+      } else {
+        STD_TORCH_CHECK(!plan.in_cluster, "vga sm90_gemm: no in-cluster kernel of width ", kBlockN);
+      }
+      launch_width(width, Paired{}, WholeTile{});
+    });
+    STD_TORCH_CHECK(launched, "vga sm90_gemm: no kernel of width ", plan.block_n);
   }
   if (grid_split) {
     const int64_t total = rows * args.out_ld;
