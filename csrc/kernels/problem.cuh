@@ -46,8 +46,8 @@ struct WorkspaceRequest {
 // plan weighs them in. The one list the config parser, the plan, the kernels' static_assert, their
 // messages, the launch and the occupancy query take the widths from (for_each_width instantiates
 // a list's kernels).
-constexpr int kCoreWidths[] = {256, 192, 128, 64};
-constexpr int kTokenWidths[] = {240, 176, 112, 96};
+inline constexpr int kCoreWidths[] = {256, 192, 128, 64};
+inline constexpr int kTokenWidths[] = {240, 176, 112, 96};
 
 // Calls f(std::integral_constant<int, W>{}) for each width W of kWidths, in the list's order: a
 // width as a compile-time constant, for the kernels' template argument.
