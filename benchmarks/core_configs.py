@@ -288,6 +288,9 @@ def _plans(kind, p, keys, shapes, first_only, resident):
         total = kblocks(shape)
         per_split = math.ceil(total / splits)
         used = splits if in_cluster else math.ceil(total / per_split)
+        if not in_cluster and splits > 1 and per_split < 4:
+            continue  # choose_plan enumerates no grid split with slices under 4 k-blocks (a key from
+            # the other forward layout's k-block count may ask for one)
         block_m = NARROW_BLOCK_M if is_narrow(key) else BLOCK_M
         if in_cluster and (block_n > WIDEST_CLUSTER_SPLIT or per_split * (splits - 1) >= total
                            or math.prod(tile_counts(shape, block_n, block_m)) > counts[splits]
