@@ -237,6 +237,24 @@ def disturbed(rec):
     return False
 
 
+# choose_plan splits across the grid into slices of this many k-blocks or more (a shorter slice does
+# not pay for its partial sums).
+MIN_SLICE_KBLOCKS = 4
+
+
+def grid_split_counts(total):
+    """The split counts choose_plan enumerates across the grid for `total` k-blocks, fewest first:
+    each count that its slice length gives back, until a slice is shorter than MIN_SLICE_KBLOCKS."""
+    counts = []
+    for splits in range(1, 65):
+        per_split = math.ceil(total / splits)
+        if per_split < MIN_SLICE_KBLOCKS and splits > 1:
+            break
+        if math.ceil(total / per_split) == splits:
+            counts.append(splits)
+    return counts
+
+
 def plan_keys(rec, kind):
     """Every configuration choose_plan (schedule.cuh) weighs for this product, as the forced names
     spell them ("fwd_sm90_gemm/n128/s2"), in its order: per width 256, 192, 128, 64 the grid
@@ -250,15 +268,8 @@ def plan_keys(rec, kind):
     totals = sorted({kblocks(core_shape(rec, kind, layout=layout)) for layout in layouts})
     keys = []
     for block_n in (256, 192, 128, 64):
-        grid_splits = set()
-        for total in totals:
-            for splits in range(1, 65):
-                per_split = math.ceil(total / splits)
-                if per_split < 4 and splits > 1:
-                    break
-                if math.ceil(total / per_split) == splits:
-                    grid_splits.add(splits)
-        keys += [f"{kind}_sm90_gemm/n{block_n}/s{splits}" for splits in sorted(grid_splits)]
+        grid_splits = sorted({splits for total in totals for splits in grid_split_counts(total)})
+        keys += [f"{kind}_sm90_gemm/n{block_n}/s{splits}" for splits in grid_splits]
         keys += [f"{kind}_sm90_gemm/n{block_n}/c{slices}" for slices in (2, 4, 8)]
     if kind == "fwd":
         keys += ([f"{kind}_sm90_gemm/n{block_n}/s1" for block_n in TOKEN_WIDTHS] + [NARROW_KEY]
@@ -288,7 +299,7 @@ def _plans(kind, p, keys, shapes, first_only, resident):
         total = kblocks(shape)
         per_split = math.ceil(total / splits)
         used = splits if in_cluster else math.ceil(total / per_split)
-        if not in_cluster and splits > 1 and per_split < 4:
+        if not in_cluster and splits > 1 and per_split < MIN_SLICE_KBLOCKS:
             continue  # choose_plan enumerates no grid split with slices under 4 k-blocks (a key from
             # the other forward layout's k-block count may ask for one)
         block_m = NARROW_BLOCK_M if is_narrow(key) else BLOCK_M

@@ -60,6 +60,18 @@ void for_each_width(F&& f) {
   for_each_width<kWidths>(f, std::make_index_sequence<std::size(kWidths)>{});
 }
 
+// Calls f(std::integral_constant<int, block_n>{}) if kWidths lists block_n; false if it does not.
+template <const auto& kWidths, typename F>
+bool with_listed_width(int block_n, F&& f) {
+  bool listed = false;
+  for_each_width<kWidths>([&](auto width) {
+    if (block_n != decltype(width)::value) return;
+    listed = true;
+    f(width);
+  });
+  return listed;
+}
+
 template <size_t kCount>
 constexpr bool lists_width(const int (&widths)[kCount], int block_n) {
   for (int width : widths) {

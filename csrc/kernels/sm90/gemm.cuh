@@ -1014,13 +1014,9 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
   using WholeTile = std::integral_constant<int, kBlockM>;
   if constexpr (kKind == GemmKind::kForwardSwapped) {
     STD_TORCH_CHECK(plan.splits == 1 && !plan.in_cluster, "vga sm90_gemm: the swapped forward takes no split");
-    bool launched = false;
-    for_each_width<kTokenWidths>([&](auto width) {
-      if (plan.block_n != decltype(width)::value) return;
-      launch_width(width, Paired{}, WholeTile{});
-      launched = true;
-    });
-    STD_TORCH_CHECK(launched, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
+    const bool listed =
+        with_listed_width<kTokenWidths>(plan.block_n, [&](auto width) { launch_width(width, Paired{}, WholeTile{}); });
+    STD_TORCH_CHECK(listed, "vga sm90_gemm: no swapped kernel of width ", plan.block_n);
   } else if (plan.block_m == kNarrowBlockM) {
     STD_TORCH_CHECK(kKind == GemmKind::kForward && plan.block_n == 64 && !args.span_shards,
                     "vga sm90_gemm: the 64-row tiles are the forward's, 64 wide, a shard at a time");
@@ -1034,19 +1030,19 @@ void run_core(const CoreShape& shape, const CorePlan& plan, CoreArgs args, const
       }
     }
   } else {
-    bool launched = false;
-    for_each_width<kCoreWidths>([&](auto width) {
+    const bool listed = with_listed_width<kCoreWidths>(plan.block_n, [&](auto width) {
       constexpr int kBlockN = decltype(width)::value;
-      if (plan.block_n != kBlockN) return;
-      launched = true;
       if constexpr (kBlockN <= kWidestClusterSplit) {
-        if (plan.in_cluster) return launch_width(width, InCluster{}, WholeTile{});
+        if (plan.in_cluster) {
+          launch_width(width, InCluster{}, WholeTile{});
+          return;
+        }
       } else {
         STD_TORCH_CHECK(!plan.in_cluster, "vga sm90_gemm: no in-cluster kernel of width ", kBlockN);
       }
       launch_width(width, Paired{}, WholeTile{});
     });
-    STD_TORCH_CHECK(launched, "vga sm90_gemm: no kernel of width ", plan.block_n);
+    STD_TORCH_CHECK(listed, "vga sm90_gemm: no kernel of width ", plan.block_n);
   }
   if (grid_split) {
     const int64_t total = rows * args.out_ld;
